@@ -1,0 +1,121 @@
+"""A per-sequence KV cache shared by every backbone and every family.
+
+Each sequence of a batch keeps its own number of cached tokens, because families commit a
+different number of tokens per step (SetDLM commits every token above the confidence threshold,
+so two sequences of one batch diverge after the first step). Keys and values live in
+preallocated buffers of shape (B, H, capacity, D); ``lengths[b]`` says how many leading slots of
+row b hold committed tokens. Slots past a row's length hold stale data and are hidden from
+attention by ``key_valid``.
+
+A forward with a cache works in two phases:
+1. the backbone reads the committed keys/values of each layer (``read``) and attends over
+   [committed slots | the new inputs]; it hands the new inputs' keys/values to ``stash``;
+2. the decoding engine decides which of the new inputs become committed (``commit``); the rest
+   (mask-token queries) are dropped. Keys are stored after RoPE, so slot order never matters
+   for attention; the original positions are kept only to crop by position.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(self, num_layers: int, batch_size: int, device: torch.device | str = "cpu"):
+        self.num_layers = num_layers
+        self.batch_size = batch_size
+        self.device = torch.device(device)
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.device)  # (B,)
+        self.positions = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)
+        self._keys: list[torch.Tensor | None] = [None] * num_layers  # (B, H, cap, D)
+        self._values: list[torch.Tensor | None] = [None] * num_layers
+        self._stash: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_layers
+
+    # ----------------------------------------------------------------- reading
+    @property
+    def width(self) -> int:
+        """Number of key slots a forward attends over: the longest row's length."""
+        return int(self.lengths.max()) if self.batch_size else 0
+
+    def key_valid(self) -> torch.Tensor:
+        """(B, width) bool: slot s of row b holds a committed token."""
+        slots = torch.arange(self.width, device=self.device)
+        return slots[None, :] < self.lengths[:, None]
+
+    def cached_positions(self) -> torch.Tensor:
+        """(B, width) long: original position of each cached token (stale past ``lengths``)."""
+        return self.positions[:, : self.width]
+
+    def read(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Committed (keys, values) of a layer, each (B, H, width, D); None when empty."""
+        keys, values = self._keys[layer], self._values[layer]
+        if keys is None or self.width == 0:
+            return None
+        return keys[:, :, : self.width], values[:, :, : self.width]
+
+    # ----------------------------------------------------------------- writing
+    def stash(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Hold the (B, H, Q, D) keys/values of the current forward's inputs until ``commit``."""
+        self._stash[layer] = (keys, values)
+
+    def commit(self, keep: torch.Tensor, positions: torch.Tensor) -> None:
+        """Append the stashed inputs selected by ``keep`` and drop the rest.
+
+        keep: (B, Q) bool, which inputs of the last forward become cached, appended in input
+        order after each row's current length. positions: (B, Q) original positions.
+        """
+        if any(s is None for s in self._stash):
+            raise RuntimeError("commit() without a preceding forward that stashed every layer")
+        keep = keep.to(self.device, torch.bool)
+        added = keep.sum(dim=1)  # (B,)
+        needed = int((self.lengths + added).max())
+        self._ensure_capacity(needed)
+        rows, cols = keep.nonzero(as_tuple=True)
+        # destination slot of each kept input: its row's length + its rank among kept inputs
+        rank = torch.cumsum(keep.long(), dim=1) - 1  # (B, Q)
+        slots = self.lengths[rows] + rank[rows, cols]
+        for layer, (keys, values) in enumerate(self._stash):
+            self._keys[layer][rows, :, slots] = keys[rows, :, cols]
+            self._values[layer][rows, :, slots] = values[rows, :, cols]
+        self.positions[rows, slots] = positions.to(self.device)[rows, cols]
+        self.lengths = self.lengths + added
+        self.discard_stash()
+
+    def discard_stash(self) -> None:
+        """Forget the last forward's inputs without caching any of them."""
+        self._stash = [None] * self.num_layers
+
+    def keep_slots(self, keep: torch.Tensor) -> None:
+        """Keep only the cached slots selected by ``keep`` (B, width) bool, compacted in order.
+
+        The families use it to crop: drop the oldest slots (left crop) or the smallest
+        original positions, when the cache would outgrow the model length.
+        """
+        width = self.width
+        keep = keep[:, :width] & self.key_valid()
+        order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)  # kept slots first
+        for layer in range(self.num_layers):
+            if self._keys[layer] is None:
+                continue
+            keys, values = self._keys[layer], self._values[layer]
+            index = order[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[3])
+            keys[:, :, :width] = torch.gather(keys[:, :, :width], 2, index)
+            values[:, :, :width] = torch.gather(values[:, :, :width], 2, index)
+        self.positions[:, :width] = torch.gather(self.positions[:, :width], 1, order)
+        self.lengths = keep.sum(dim=1)
+
+    def _ensure_capacity(self, needed: int) -> None:
+        capacity = self.positions.shape[1]
+        if needed <= capacity:
+            return
+        new_capacity = max(needed, 2 * capacity, 16)
+        for layer, (keys, _) in enumerate(self._stash):
+            heads, head_dim = keys.shape[1], keys.shape[3]
+            for store in (self._keys, self._values):
+                grown = keys.new_zeros(self.batch_size, heads, new_capacity, head_dim)
+                if store[layer] is not None:
+                    grown[:, :, :capacity] = store[layer]
+                store[layer] = grown
+        grown_positions = self.positions.new_zeros(self.batch_size, new_capacity)
+        grown_positions[:, :capacity] = self.positions
+        self.positions = grown_positions

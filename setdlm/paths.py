@@ -1,0 +1,39 @@
+"""Where offline data lives.
+
+Development and CI machines cannot reach the Hugging Face Hub, so datasets and tokenizers are
+read from a local mirror named by ``SETDLM_DATA_DIR`` (laid out like ``../shared/data``).
+Production code paths load the Hub originals and never need this setting.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DATA_DIR_ENV = "SETDLM_DATA_DIR"
+
+
+class DataNotFoundError(FileNotFoundError):
+    """A local data file the configuration asked for is missing."""
+
+
+def data_dir() -> Path | None:
+    """The local data mirror, or None when ``SETDLM_DATA_DIR`` is unset (use the Hub)."""
+    value = os.environ.get(DATA_DIR_ENV)
+    return Path(value).expanduser().resolve() if value else None
+
+
+def data_path(*parts: str) -> Path:
+    """A file or folder inside the data mirror; a clear error if the mirror or file is missing."""
+    root = data_dir()
+    if root is None:
+        raise DataNotFoundError(
+            f"{DATA_DIR_ENV} is not set: point it at the offline data folder "
+            f"(for example ../shared/data) or use the Hub dataset instead"
+        )
+    path = root.joinpath(*parts)
+    if not path.exists():
+        raise DataNotFoundError(
+            f"expected {'/'.join(parts)} inside {DATA_DIR_ENV}={root}, but {path} does not exist"
+        )
+    return path

@@ -1,0 +1,45 @@
+"""Shared test settings: offline Hub, the local data mirror and the official-parity fixtures."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+# Tests never reach the Hugging Face Hub; the local mirror stands in for it.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("SETDLM_DATA_DIR", str(REPO_ROOT.parent / "shared" / "data"))
+DATA_DIR = Path(os.environ["SETDLM_DATA_DIR"])
+PARITY_DIR = Path(
+    os.environ.get("SETDLM_PARITY_DIR", DATA_DIR.parent / "fixtures" / "official-parity")
+)
+PARITY_CASES = sorted(p.name for p in PARITY_DIR.iterdir() if (p / "reference.json").exists())
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    if not DATA_DIR.is_dir():
+        pytest.fail(f"SETDLM_DATA_DIR={DATA_DIR} is not a folder; point it at ../shared/data")
+    return DATA_DIR
+
+
+@pytest.fixture(scope="session")
+def parity_dir() -> Path:
+    if not PARITY_DIR.is_dir():
+        pytest.fail(f"official-parity fixtures not found at {PARITY_DIR}; set SETDLM_PARITY_DIR")
+    return PARITY_DIR
+
+
+@pytest.fixture(autouse=True)
+def _deterministic_threads():
+    # The fixtures were recorded with one thread; one thread also keeps CPU results bitwise stable.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
