@@ -1,0 +1,188 @@
+"""Masked diffusion (MDLM): tokens revealed in a uniformly random order, no KV cache.
+
+config -> mask (bidirectional) -> loss (SUBS NELBO, one t per sequence) -> decoding policy
+(semi-autoregressive blocks over the full canvas, a bidirectional forward every step).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from setdlm.core import masks
+from setdlm.core.decoding import DecodeConfig, OrderPolicy, RowInputs, RowState
+from setdlm.core.decoding.sampling import tokens_per_step
+from setdlm.core.family import Family, per_sequence_mean, subs_log_probs
+from setdlm.core.outputs import LossOutput
+from setdlm.core.schedules import sample_t
+
+
+class MDLM(Family):
+    def loss(self, batch, *, generator=None, randomness=None) -> LossOutput:
+        """Train: CE over masked targets / #masked. Eval: NELBO, sum of (1/t)·CE / #targets.
+
+        randomness may give ``t`` ((B,) or (B, L)) and ``x_t`` (the noised input); whatever is
+        not given is drawn from ``generator``.
+        """
+        ids, attention, context = self.batch_tensors(batch)
+        t, x_t = self._noise(ids, attention, context, generator, randomness or {})
+        mask = self._attention(attention, context)
+        positions = torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
+        logits = self.backbone(x_t, positions, mask, timesteps=self._conditioning(t))
+        return self._subs_loss(ids, x_t, t, attention, context, logits)
+
+    # The pieces below are shared with BD3LM, which only changes the noise blocks and the mask.
+    def _noise(self, ids, attention, context, generator, randomness):
+        t = randomness.get("t")
+        if t is None:
+            t = sample_t(
+                ids.shape[0], ids.shape[1], self._noise_block(), self.config.schedule.eps, generator
+            )
+        t = torch.as_tensor(t, device=ids.device, dtype=torch.float32)
+        t_per_token = t[:, None].expand(ids.shape) if t.ndim == 1 else t  # (B, L)
+        x_t = randomness.get("x_t")
+        if x_t is None:
+            x_t = self._mask_tokens(ids, attention, context, t_per_token, generator)
+        return t_per_token, torch.as_tensor(x_t, device=ids.device)
+
+    def _noise_block(self) -> int | None:
+        return None  # one t per sequence
+
+    def _mask_tokens(self, ids, attention, context, t, generator):
+        """Mask each target token independently with probability t (SPEC 1.4)."""
+        draw = uniform(ids.shape, generator, ids.device)
+        masked = (draw < t) & attention & ~context
+        if self.config.keep_clean_bos:
+            masked[:, 0] = False
+        return torch.where(masked, self.config.mask_token_id, ids)
+
+    def _attention(self, attention, context):
+        length = attention.shape[1]
+        if (
+            self.config.official_compat
+            and self.config.backbone_kind == "qwen3"
+            and attention.all()
+            and not context.any()
+        ):
+            # Official quirk (SPEC 8.3.2): no mask is passed, and Qwen3 then runs causally.
+            return masks.causal_mask(length, device=attention.device).expand(len(attention), -1, -1)
+        return masks.with_padding(
+            masks.bidirectional_mask(length, device=attention.device), attention
+        )
+
+    def _conditioning(self, t):
+        del t  # time-agnostic: the official denoisers condition adaLN on sigma = 0
+        return None
+
+    def _subs_loss(self, ids, x_t, t, attention, context, logits) -> LossOutput:
+        length = ids.shape[1]
+        log_probs = subs_log_probs(logits[:, -length:], x_t, self.config.mask_token_id)
+        target_log_probs = log_probs.gather(-1, ids[..., None]).squeeze(-1)  # (B, L)
+        targets = attention & ~context
+        if self.training and self.config.train_on_context:
+            targets = attention
+        masked = x_t == self.config.mask_token_id
+        start = 1 if (self.config.keep_clean_bos and not self.training) else 0
+        token_mask = targets[:, start:].float()
+        ce = -target_log_probs[:, start:] * token_mask
+        # The NELBO terms: -alpha'/(1 - alpha) = 1/t times the cross-entropy of each target.
+        nlls = ce * self.config.schedule.loss_weight(t[:, start:])
+        if self.training:  # training minimizes the unweighted CE per masked token
+            loss = per_sequence_mean(ce, masked[:, start:].sum(dim=-1).float())
+        else:
+            loss = per_sequence_mean(nlls, token_mask.sum(dim=-1))
+        extras = {"t": t, "x_t": x_t, "target_log_probs": target_log_probs}
+        return LossOutput(loss, nlls, token_mask, extras)
+
+    def decode_policy(self, config: DecodeConfig, **options) -> OrderPolicy:
+        if options:
+            raise ValueError(f"MDLM decoding takes no policy options, got {sorted(options)}")
+        return SemiAutoregressivePolicy(self, config)
+
+
+class SemiAutoregressivePolicy(OrderPolicy):
+    """Blocks of B positions left to right; each step is a bidirectional forward over the
+    canvas (padded with mask tokens up to the model length, as in training) that decodes the
+    current block's most confident masked positions. Nothing is cached."""
+
+    uses_cache = False
+
+    def __init__(self, family, config: DecodeConfig):
+        super().__init__(family, config)
+        self.block = config.block_size or family.config.length
+        self.length = family.config.length
+
+    def setup(self, row: RowState) -> None:
+        mask_id = self.family.config.mask_token_id
+        if len(row.tokens) < self.length:
+            row.tokens.extend([mask_id] * (self.length - len(row.tokens)))
+            row.positions = list(range(len(row.tokens)))
+        row.policy = SimpleNamespace(
+            blocks=decode_blocks(row, self.block, self.config.official_compat),
+            current=0,
+            step=0,
+            per_step=tokens_per_step(self.block, self.config.num_steps),
+        )
+
+    def plan(self, row: RowState) -> RowInputs | None:
+        state = row.policy
+        mask_id = self.family.config.mask_token_id
+        while state.current < len(state.blocks):
+            block = state.blocks[state.current]
+            masked = [s for s in block if row.tokens[s] == mask_id]
+            if masked:
+                break
+            state.current, state.step = state.current + 1, 0
+        else:
+            return None
+        end = max(block) + 1
+        first = max(0, min(end, len(row.tokens)) - self.length) if end > self.length else 0
+        slots = list(range(first, min(first + self.length, len(row.tokens))))
+        attend = torch.ones(len(slots), len(slots), dtype=torch.bool)
+        targets = [(s - first, s) for s in masked]
+        return RowInputs(slots, attend, 0, targets, k=_step_quota(state))
+
+    def observe(self, row: RowState, committed: list[int]) -> None:
+        del committed
+        row.policy.step += 1
+
+
+def decode_blocks(row: RowState, block_size: int, official_compat: bool) -> list[list[int]]:
+    """The canvas slots of each decoding block (shared by MDLM and BD3LM).
+
+    Blocks sit at multiples of ``block_size`` in absolute position (where the model was
+    trained to see block boundaries), from the block holding the first generated slot. By
+    default they cover the generated region exactly (the last one may be partial); with
+    official_compat there are ceil(max_new_tokens / block) full blocks from the aligned start,
+    as in the official sampler, so the number of new tokens can differ from the budget.
+    Infilling blocks cover the input and are kept only where they hold masked slots.
+    """
+    if not row.generated:
+        return []
+    start = block_size * (row.generated[0] // block_size)
+    if row.infill:
+        end = row.prompt_length
+    elif official_compat:
+        count = -(-len(row.generated) // block_size)
+        end = min(start + count * block_size, row.generated[-1] + 1)
+    else:
+        end = row.generated[-1] + 1
+    generated = set(row.generated)
+    blocks = []
+    for block_start in range(start, end, block_size):
+        slots = list(range(block_start, min(block_start + block_size, end)))
+        if generated.intersection(slots):
+            blocks.append(slots)
+    return blocks
+
+
+def uniform(shape, generator: torch.Generator | None, device) -> torch.Tensor:
+    """U[0, 1) draws from ``generator`` (on its own device), moved to ``device``."""
+    source = generator.device if generator is not None else device
+    return torch.rand(shape, generator=generator, device=source).to(device)
+
+
+def _step_quota(state) -> int:
+    """Tokens the current step must commit at least (the linear schedule; 1 when exhausted)."""
+    return state.per_step[state.step] if state.step < len(state.per_step) else 1

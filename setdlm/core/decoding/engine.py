@@ -1,0 +1,361 @@
+"""The decoding engine shared by AR, MDLM, BD3LM and SetDLM.
+
+Decoding is a series of backbone forwards. Before each one, the family's ``OrderPolicy`` says,
+for every row of the batch, which canvas positions go in, how they see each other, how many of
+the leading inputs become cached, and which positions are predicted (the "targets") with at
+least how many commits (k). The engine does everything else, once, for every family:
+
+- builds the batched inputs (rows padded to a common width; padding is masked out) and the
+  attention mask over [cached slots | inputs];
+- runs the backbone and counts the forward (NFE is counted, never configured);
+- commits the chosen inputs' keys/values to the per-row KV cache and drops the rest;
+- applies the logits processors to all targets at once, masks the mask token, picks tokens
+  (greedy or sampled from the row's own generator) and their confidences, and commits the k
+  most confident plus every one at or above τ;
+- checks the stopping rules on each row's contiguous decoded prefix and ends the row exactly
+  at its stop point.
+
+A row's tokens never depend on the other rows of its batch: each row has its own window,
+cache length and generator.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from setdlm.core.decoding import processors
+from setdlm.core.decoding.config import DecodeConfig
+from setdlm.core.decoding.sampling import (
+    choose_tokens,
+    nucleus_filter,
+    probabilities,
+    select_by_confidence,
+)
+from setdlm.core.decoding.stopping import StopRule
+from setdlm.core.kv_cache import KVCache
+
+
+@dataclass
+class RowState:
+    """One sequence being decoded. ``tokens`` is its canvas (mask id = not decoded yet)."""
+
+    index: int
+    tokens: list[int]
+    positions: list[int]  # position id of each canvas slot
+    generated: list[int]  # canvas slots of the generated region, left to right
+    prompt_length: int
+    infill: bool
+    generator: torch.Generator | None
+    policy: Any = None  # the family policy's own per-row state
+    done: bool = False
+    stop_at: int | None = None  # kept length of the generated region after a stop
+    prefix: list[int] = field(default_factory=list)  # contiguous decoded generated tokens
+    steps: int = 0  # forwards in which the row committed predictions
+    forwards: int = 0  # forwards the row took part in
+    committed: int = 0  # tokens committed by predictions
+
+
+@dataclass
+class RowInputs:
+    """What one row feeds to one forward."""
+
+    slots: list[int]  # canvas slots, in input order
+    attend: torch.Tensor  # (Q, Q) bool: how the inputs see each other
+    num_cached: int = 0  # the first ``num_cached`` inputs enter the KV cache after the forward
+    # (input index whose logits predict, canvas slot predicted); empty = cache-only forward
+    targets: list[tuple[int, int]] = field(default_factory=list)
+    k: int = 1  # commit at least this many targets (the most confident)
+
+
+class OrderPolicy(ABC):
+    """A family's decoding order and cache policy."""
+
+    uses_cache: bool = True
+    # When the cache plus the inputs would outgrow the model length, drop the slots with the
+    # smallest position ids instead of the oldest ones.
+    crop_by_position: bool = False
+
+    def __init__(self, family, config: DecodeConfig):
+        self.family = family
+        self.config = config
+
+    @abstractmethod
+    def setup(self, row: RowState) -> None:
+        """Adjust the canvas and create ``row.policy`` before the first forward."""
+
+    def prefill(self, row: RowState) -> RowInputs | None:
+        """Inputs of the forward that caches the context before decoding (None: nothing)."""
+        return None
+
+    @abstractmethod
+    def plan(self, row: RowState) -> RowInputs | None:
+        """Inputs of the next forward, or None when the row has nothing left to do."""
+
+    @abstractmethod
+    def observe(self, row: RowState, committed: list[int]) -> None:
+        """Called after every forward with the canvas slots committed by predictions."""
+
+
+@dataclass
+class GenerationOutput:
+    """Per-row results of one ``generate`` call."""
+
+    output_ids: list[list[int]]  # prompt/context plus the decoded tokens, masks removed
+    new_token_ids: list[list[int]]  # generated tokens up to the stop point
+    num_generated: list[int]  # counted generated tokens (stop point included, no padding)
+    row_forwards: list[int]  # backbone forwards each row took part in
+    row_steps: list[int]  # forwards in which each row committed predictions
+    parallelism: list[float]  # tokens committed per decoding step, per row
+    stopped: list[bool]  # the row met a stop condition before its budget ran out
+    nfe: int  # backbone forwards run for the whole batch (counted)
+    forward_seconds: float  # wall time inside backbone forwards
+    wall_seconds: float  # wall time of the whole call
+
+
+class _ForwardCounter:
+    def __init__(self, family, synchronize: bool):
+        self.family = family
+        self.synchronize = synchronize and torch.cuda.is_available()
+        self.calls = 0
+        self.seconds = 0.0
+
+    def __call__(self, input_ids, position_ids, attention_mask, cache):
+        if self.synchronize:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        logits = self.family.decode_forward(input_ids, position_ids, attention_mask, cache)
+        if self.synchronize:
+            torch.cuda.synchronize()
+        self.seconds += time.perf_counter() - start
+        self.calls += 1
+        return logits
+
+
+def generate(
+    family,
+    prompts: list[list[int]],
+    config: DecodeConfig,
+    seeds: list[int] | None = None,
+    tokenizer=None,
+    synchronize_forwards: bool = False,
+    policy_options: dict | None = None,
+) -> GenerationOutput:
+    """Decode every prompt (a list of token ids; mask ids inside it ask for infilling)."""
+    start_wall = time.perf_counter()
+    if not prompts:
+        raise ValueError("generate() needs at least one prompt")
+    device = family.device
+    mask_id = family.config.mask_token_id
+    policy = family.decode_policy(config, **(policy_options or {}))
+    stop_rule = StopRule(config, tokenizer)
+    rows = [_new_row(b, p, config, mask_id, seeds, device) for b, p in enumerate(prompts)]
+    for row in rows:
+        policy.setup(row)
+    cache = KVCache(family.num_layers, len(rows), device) if policy.uses_cache else None
+    forward = _ForwardCounter(family, synchronize_forwards)
+
+    prefill = [policy.prefill(row) for row in rows]
+    if any(inputs is not None for inputs in prefill):
+        _step(family, policy, rows, prefill, cache, forward, config, stop_rule)
+    while True:
+        plans = [None if row.done else policy.plan(row) for row in rows]
+        for row, inputs in zip(rows, plans, strict=True):
+            if inputs is None:
+                row.done = True
+        if all(inputs is None for inputs in plans):
+            break
+        _step(family, policy, rows, plans, cache, forward, config, stop_rule)
+    return _collect(rows, mask_id, forward, time.perf_counter() - start_wall)
+
+
+# --------------------------------------------------------------------------------- internals
+def _new_row(b, prompt, config, mask_id, seeds, device) -> RowState:
+    prompt = [int(t) for t in prompt]
+    infill = mask_id in prompt
+    if infill:
+        tokens = prompt
+        generated = [i for i, t in enumerate(prompt) if t == mask_id]
+    else:
+        tokens = prompt + [mask_id] * config.max_new_tokens
+        generated = list(range(len(prompt), len(tokens)))
+    generator = None
+    if config.do_sample:
+        if seeds is None:
+            raise ValueError("sampling needs a seed per prompt (seeds=[...])")
+        generator = torch.Generator(device=device).manual_seed(int(seeds[b]))
+    return RowState(
+        index=b,
+        tokens=tokens,
+        positions=list(range(len(tokens))),
+        generated=generated,
+        prompt_length=len(prompt),
+        infill=infill,
+        generator=generator,
+    )
+
+
+def _step(family, policy, rows, plans, cache, forward, config, stop_rule) -> None:
+    mask_id = family.config.mask_token_id
+    device = family.device
+    width = max(len(p.slots) for p in plans if p is not None)
+    if cache is not None:
+        _crop_cache(cache, policy, plans, family.config.length)
+    batch = len(rows)
+    input_ids = torch.full((batch, width), mask_id, dtype=torch.long)
+    position_ids = torch.zeros((batch, width), dtype=torch.long)
+    attend = torch.zeros((batch, width, width), dtype=torch.bool)
+    keep = torch.zeros((batch, width), dtype=torch.bool)
+    for row, inputs in zip(rows, plans, strict=True):
+        if inputs is None:
+            continue
+        q = len(inputs.slots)
+        input_ids[row.index, :q] = torch.tensor([row.tokens[s] for s in inputs.slots])
+        position_ids[row.index, :q] = torch.tensor([row.positions[s] for s in inputs.slots])
+        attend[row.index, :q, :q] = inputs.attend
+        keep[row.index, : inputs.num_cached] = True
+        row.forwards += 1
+    attend = attend.to(device)
+    if cache is not None and cache.width > 0:
+        cached = cache.key_valid()[:, None, :].expand(-1, width, -1)  # (B, Q, C)
+        attend = torch.cat([cached, attend], dim=-1)  # (B, Q, C + Q)
+    logits = forward(input_ids.to(device), position_ids.to(device), attend, cache)  # (B, Q, V)
+    if cache is not None:
+        cache.commit(keep.to(device), position_ids.to(device))
+    committed = _decode_targets(family, rows, plans, logits, config)
+    for row, inputs in zip(rows, plans, strict=True):
+        if inputs is not None:
+            policy.observe(row, committed[row.index])
+            if not row.infill:
+                _check_stop(row, mask_id, stop_rule)
+
+
+def _crop_cache(cache, policy, plans, max_tokens: int) -> None:
+    """Drop cached slots of rows whose cache plus inputs would exceed the model length."""
+    lengths = cache.lengths.tolist()
+    overflow = [
+        length + (len(p.slots) if p is not None else 0) - max_tokens
+        for length, p in zip(lengths, plans, strict=True)
+    ]
+    if max(overflow) <= 0:
+        return
+    width = cache.width
+    if policy.crop_by_position:
+        order_key = cache.cached_positions().masked_fill(~cache.key_valid(), 2**62)
+    else:  # slots are in insertion order: drop the oldest
+        order_key = torch.arange(width, device=cache.device).expand(cache.batch_size, -1)
+    rank = order_key.argsort(dim=1, stable=True).argsort(dim=1)  # 0 = dropped first
+    extra = torch.tensor(overflow, device=cache.device).clamp(min=0)
+    cache.keep_slots(rank >= extra[:, None])
+
+
+def _decode_targets(family, rows, plans, logits, config: DecodeConfig) -> list[list[int]]:
+    """Pick tokens for every target and commit the confident ones; returns committed slots."""
+    committed: list[list[int]] = [[] for _ in rows]
+    counts = [len(p.targets) if p is not None else 0 for p in plans]
+    if not any(counts):
+        return committed
+    mask_id = family.config.mask_token_id
+    index = torch.zeros((len(rows), max(counts)), dtype=torch.long)
+    for b, inputs in enumerate(plans):
+        if counts[b]:
+            index[b, : counts[b]] = torch.tensor([i for i, _ in inputs.targets])
+    index = index.to(logits.device)
+    vocab = logits.shape[-1]
+    target_logits = logits.gather(1, index[..., None].expand(-1, -1, vocab))  # (B, D, V)
+    target_logits = _apply_processors(target_logits, rows, plans, config, mask_id)
+    probs = nucleus_filter(probabilities(target_logits, mask_id), config.top_p)
+    generators = [row.generator for row in rows] if config.do_sample else None
+    tokens, confidence = choose_tokens(probs, config.do_sample, generators, counts)
+    tokens, confidence = tokens.tolist(), confidence.tolist()
+    for row, inputs in zip(rows, plans, strict=True):
+        n = counts[row.index]
+        if not n:
+            continue
+        chosen = select_by_confidence(
+            confidence[row.index][:n], inputs.k, config.confidence_threshold
+        )
+        for i in chosen:
+            slot = inputs.targets[i][1]
+            row.tokens[slot] = tokens[row.index][i]
+            committed[row.index].append(slot)
+        row.steps += 1
+        row.committed += len(chosen)
+    return committed
+
+
+def _apply_processors(logits, rows, plans, config: DecodeConfig, mask_id: int):
+    if config.repetition_penalty != 1.0:
+        if config.repetition_context == "visible":
+            seen = [[t for t in row.tokens if t != mask_id] for row in rows]
+        else:
+            seen = [
+                [row.tokens[s] for s in row.generated if row.tokens[s] != mask_id] for row in rows
+            ]
+        presence = processors.token_presence(seen, logits.shape[-1], logits.device)
+        logits = processors.repetition_penalty(logits, presence, config.repetition_penalty)
+    if config.length_penalty is not None:
+        before = torch.zeros(logits.shape[:2], dtype=torch.long)
+        for row, inputs in zip(rows, plans, strict=True):
+            if inputs is None or not inputs.targets:
+                continue
+            decoded_before = _decoded_before(row, mask_id)
+            counts = [decoded_before.get(slot, len(row.generated)) for _, slot in inputs.targets]
+            before[row.index, : len(counts)] = torch.tensor(counts)
+        start, factor = config.length_penalty
+        logits = processors.exponential_length_penalty(
+            logits, before.to(logits.device), start, factor, config.eos_token_ids
+        )
+    return logits
+
+
+def _decoded_before(row: RowState, mask_id: int) -> dict[int, int]:
+    """For each generated slot, how many generated slots left of it are decoded."""
+    counts, running = {}, 0
+    for slot in row.generated:
+        counts[slot] = running
+        running += row.tokens[slot] != mask_id
+    return counts
+
+
+def _check_stop(row: RowState, mask_id: int, stop_rule: StopRule) -> None:
+    checked = len(row.prefix)
+    while len(row.prefix) < len(row.generated):
+        token = row.tokens[row.generated[len(row.prefix)]]
+        if token == mask_id:
+            break
+        row.prefix.append(token)
+    if stop_rule.active and len(row.prefix) > checked:
+        end = stop_rule.stop_point(row.prefix, checked)
+        if end is not None:
+            row.stop_at = end
+            row.done = True
+
+
+def _collect(rows, mask_id, forward, wall_seconds) -> GenerationOutput:
+    output_ids, new_ids = [], []
+    for row in rows:
+        kept = row.generated if row.stop_at is None else row.generated[: row.stop_at]
+        new = [row.tokens[s] for s in kept if row.tokens[s] != mask_id]
+        if row.infill:
+            output = [t for t in row.tokens if t != mask_id]
+        else:
+            output = row.tokens[: row.prompt_length] + new
+        output_ids.append(output)
+        new_ids.append(new)
+    return GenerationOutput(
+        output_ids=output_ids,
+        new_token_ids=new_ids,
+        num_generated=[len(n) for n in new_ids],
+        row_forwards=[row.forwards for row in rows],
+        row_steps=[row.steps for row in rows],
+        parallelism=[row.committed / row.steps if row.steps else 0.0 for row in rows],
+        stopped=[row.stop_at is not None for row in rows],
+        nfe=forward.calls,
+        forward_seconds=forward.seconds,
+        wall_seconds=wall_seconds,
+    )

@@ -1,0 +1,191 @@
+"""What every model family shares: its typed config, its backbone, and the common helpers.
+
+A family (``baselines/ar.py``, ``baselines/mdlm.py``, ``baselines/bd3lm.py``,
+``setdlm/model.py``) is an ``nn.Module`` holding ``self.backbone`` (so parameter names follow
+the official checkpoints: ``backbone.…``) and implementing two things: ``loss`` (training
+objective and eval NLL, with every random quantity injectable) and ``decode_policy`` (its order
+and cache policy for the shared decoding engine).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from abc import abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from setdlm.core.decoding import DecodeConfig, GenerationOutput, OrderPolicy, generate
+from setdlm.core.outputs import LossOutput
+from setdlm.core.schedules import LinearSchedule, StaggeredSchedule
+
+FAMILIES = ("ar", "mdlm", "bd3lm", "setdlm")
+SUBS_MASKED_LOGIT = -1e12  # the official "neg_infinity" of the SUBS parameterization
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything needed to build a family's model, stored with every checkpoint.
+
+    backbone_kind selects the backbone ("dit" or "qwen3"); backbone holds its settings.
+    schedule is explicit (never inferred from a model name): a LinearSchedule for MDLM/BD3LM,
+    a StaggeredSchedule (N, d, M, k, b) for SetDLM, None for AR.
+    official_compat reproduces the official loss quirks (AR label mask aligned with inputs,
+    SetDLM eval mask mixing orders and dropping target tokens equal to the pad id, MDLM with
+    a Qwen3 backbone and no padding running causal attention).
+    """
+
+    family: str
+    length: int
+    vocab_size: int  # tokenizer size; the backbone may have more output rows
+    mask_token_id: int
+    pad_token_id: int
+    backbone_kind: str
+    backbone: dict
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    block_size: int | None = None  # BD3LM training block S
+    schedule: LinearSchedule | StaggeredSchedule | None = None
+    keep_clean_bos: bool = False
+    train_on_context: bool = False
+    official_compat: bool = False
+
+    def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
+        if self.family == "bd3lm" and (not self.block_size or self.length % self.block_size):
+            raise ValueError(
+                f"BD3LM needs a block_size dividing length {self.length}, got {self.block_size}"
+            )
+        if self.family == "setdlm":
+            if not isinstance(self.schedule, StaggeredSchedule):
+                raise ValueError("SetDLM needs a StaggeredSchedule (N, d, M, k, b)")
+            if self.length != self.schedule.N:
+                raise ValueError(
+                    f"SetDLM's schedule N ({self.schedule.N}) must equal length {self.length}"
+                )
+        if self.family in ("mdlm", "bd3lm") and not isinstance(self.schedule, LinearSchedule):
+            raise ValueError(f"{self.family} needs a LinearSchedule")
+
+    # ------------------------------------------------------------------ serialization
+    def to_dict(self) -> dict:
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        schedule = self.schedule
+        if schedule is not None:
+            kind = "staggered" if isinstance(schedule, StaggeredSchedule) else "linear"
+            values["schedule"] = {"kind": kind, **dataclasses.asdict(schedule)}
+        return values
+
+    @classmethod
+    def from_dict(cls, values: dict, source: str = "model config") -> ModelConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(
+                f"{source}: unknown keys {unknown}; expected keys from {sorted(known)}"
+            )
+        values = dict(values)
+        schedule = values.get("schedule")
+        if isinstance(schedule, dict):
+            schedule = dict(schedule)
+            kind = schedule.pop("kind", None)
+            types = {"staggered": StaggeredSchedule, "linear": LinearSchedule}
+            if kind not in types:
+                raise ValueError(f"{source}: schedule.kind must be one of {sorted(types)}")
+            values["schedule"] = types[kind](**schedule)
+        return cls(**values)
+
+    def digest(self) -> str:
+        """Stable hash of the config (identifies the model in results)."""
+        text = json.dumps(self.to_dict(), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class Family(nn.Module):
+    """Base class of the four families."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        from setdlm.core.backbones import build_backbone
+
+        self.config = config
+        self.backbone = build_backbone(config.backbone_kind, config.backbone)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def num_layers(self) -> int:
+        return self.backbone.num_layers
+
+    # ------------------------------------------------------------------ what a family defines
+    @abstractmethod
+    def loss(
+        self,
+        batch: dict[str, torch.Tensor],
+        *,
+        generator: torch.Generator | None = None,
+        randomness: dict[str, torch.Tensor] | None = None,
+    ) -> LossOutput:
+        """Training loss in train mode, eval NLL (or its bound) in eval mode."""
+
+    @abstractmethod
+    def decode_policy(self, config: DecodeConfig, **options: Any) -> OrderPolicy:
+        """The family's order and cache policy for the decoding engine."""
+
+    # ------------------------------------------------------------------ shared entry points
+    def decode_forward(self, input_ids, position_ids, attention_mask, cache):
+        """One backbone call made by the decoding engine (time-agnostic conditioning)."""
+        return self.backbone(input_ids, position_ids, attention_mask, cache=cache)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: list[list[int]],
+        config: DecodeConfig,
+        seeds: list[int] | None = None,
+        tokenizer=None,
+        **policy_options: Any,
+    ) -> GenerationOutput:
+        return generate(
+            self, prompts, config, seeds=seeds, tokenizer=tokenizer, policy_options=policy_options
+        )
+
+    def batch_tensors(self, batch: dict[str, torch.Tensor]):
+        """(input_ids, attention_mask, context_mask) on the model device, as bool masks."""
+        input_ids = batch["input_ids"].to(self.device)
+        attention = batch.get("attention_mask")
+        attention = (
+            torch.ones_like(input_ids, dtype=torch.bool)
+            if attention is None
+            else (attention.to(self.device).bool())
+        )
+        context = batch.get("context_mask")
+        context = torch.zeros_like(attention) if context is None else context.to(self.device).bool()
+        return input_ids, attention, context
+
+
+def subs_log_probs(logits: torch.Tensor, noisy_ids: torch.Tensor, mask_token_id: int):
+    """SUBS parameterization (MDLM): never predict the mask token, and copy unmasked inputs.
+
+    logits: (B, L, V) for the noisy inputs ``noisy_ids`` (B, L). Returns (B, L, V) log-probs
+    where an unmasked input puts all its mass (log p = 0) on itself.
+    """
+    logits = logits.float().clone()
+    logits[..., mask_token_id] = SUBS_MASKED_LOGIT
+    log_probs = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
+    unmasked = noisy_ids != mask_token_id  # (B, L)
+    copied = torch.full_like(log_probs, SUBS_MASKED_LOGIT)
+    copied.scatter_(-1, noisy_ids[..., None], 0.0)
+    return torch.where(unmasked[..., None], copied, log_probs)
+
+
+def per_sequence_mean(nlls: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Mean over sequences of (sum of nlls / count), 0 for sequences with nothing counted."""
+    totals = nlls.sum(dim=-1)
+    return torch.where(counts > 0, totals / counts.clamp(min=1), torch.zeros_like(totals)).mean()

@@ -1,0 +1,166 @@
+"""Set Diffusion (SetDLM): decode arbitrarily ordered sets of tokens, caching after every step.
+
+config -> mask (set-causal over a sampled staggered order) -> loss (any-order AR over that
+order, SPEC 1.3) -> decoding policy (a sliding window of W positions at the leftmost mask; the
+tokens committed in one step enter the KV cache in the next step's forward).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from setdlm.core import masks
+from setdlm.core.decoding import DecodeConfig, OrderPolicy, RowInputs, RowState
+from setdlm.core.decoding.sampling import tokens_per_step
+from setdlm.core.family import SUBS_MASKED_LOGIT, Family, per_sequence_mean
+from setdlm.core.outputs import LossOutput
+
+
+class SetDLM(Family):
+    @property
+    def schedule(self):
+        return self.config.schedule
+
+    def loss(self, batch, *, generator=None, randomness=None) -> LossOutput:
+        """Mean NLL of every target token given the tokens before it in one staggered order.
+
+        randomness may give ``order`` (B, L) or ``first_hitting_times`` (B, L); otherwise the
+        first-hitting times are drawn from ``generator``. Every target is masked in the noisy
+        stream, so the value of t plays no role (there is no time weighting).
+        """
+        randomness = randomness or {}
+        ids, attention, context = self.batch_tensors(batch)
+        targets = attention & ~context
+        order = self._order(targets, generator, randomness)  # (B, L)
+        mask_id = self.config.mask_token_id
+        noisy = torch.where(targets, mask_id, ids)
+        clean_in_order = ids.gather(1, order)
+        inputs = torch.cat([clean_in_order, noisy.gather(1, order)], dim=1)  # (B, 2L)
+        positions = order.repeat(1, 2)  # true positions, so RoPE is order-independent
+        length = ids.shape[1]
+        mask = masks.with_padding(
+            masks.set_causal_mask(length, device=ids.device), attention.gather(1, order)
+        )
+        logits = self.backbone(inputs, positions, mask)[:, length:].float()  # (B, L, V)
+        logits[..., mask_id] = SUBS_MASKED_LOGIT
+        log_probs = torch.log_softmax(logits, dim=-1)
+        target_log_probs = log_probs.gather(-1, clean_in_order[..., None]).squeeze(-1)
+        token_mask = self._token_mask(targets, order, clean_in_order)
+        start = ids.shape[1] - token_mask.shape[1]
+        nlls = -target_log_probs[:, start:] * token_mask
+        loss = per_sequence_mean(nlls, token_mask.sum(dim=-1))
+        extras = {"order": order, "target_log_probs": target_log_probs}
+        return LossOutput(loss, nlls, token_mask, extras)
+
+    def _order(self, targets, generator, randomness) -> torch.Tensor:
+        if "order" in randomness:
+            return torch.as_tensor(randomness["order"], device=targets.device)
+        permute = targets.clone()
+        if self.config.keep_clean_bos:
+            permute[:, 0] = False  # BOS stays first, in the clean stream of every order
+        if not permute.any():
+            # Nothing to order; the official code makes no random draw in this case either.
+            return torch.arange(targets.shape[1], device=targets.device).expand_as(targets)
+        times = randomness.get("first_hitting_times")
+        if times is None:
+            times = self.schedule.first_hitting_times(len(targets), generator=generator)
+        return self.schedule.order(torch.as_tensor(times).to(targets.device), permute)
+
+    def _token_mask(self, targets, order, clean_in_order) -> torch.Tensor:
+        """Which loss terms count, in the permuted order of the loss terms.
+
+        In eval with keep_clean_bos the BOS term (first in every order) is dropped. The
+        official code keeps the target mask in the original order and, in eval, also drops
+        every term whose token equals the pad id (a real EOS when pad == eos); official_compat
+        reproduces that, otherwise the mask is permuted along with the terms.
+        """
+        drop_bos = self.config.keep_clean_bos and not self.training
+        start = 1 if drop_bos else 0
+        if self.config.official_compat:
+            token_mask = targets[:, start:].float()
+            if not self.training:
+                token_mask = token_mask * (clean_in_order[:, start:] != self.config.pad_token_id)
+            return token_mask
+        return targets.gather(1, order)[:, start:].float()
+
+    def decode_policy(self, config: DecodeConfig, **options) -> OrderPolicy:
+        return SlidingWindowPolicy(self, config, **options)
+
+
+class SlidingWindowPolicy(OrderPolicy):
+    """The masked positions inside a window of W slots starting at the leftmost mask are
+    denoised together; each step commits the most confident one(s) plus every one above τ.
+    Tokens committed at step i are fed again at step i + 1 as clean inputs, causally among
+    themselves, so that one forward both writes them to the cache and denoises the window.
+
+    first_hitting_times: optional per-row vectors over the generated slots (replayed from a
+    recording); otherwise they are drawn from the row's generator when fht_cache_order is on.
+    """
+
+    def __init__(self, family, config: DecodeConfig, first_hitting_times=None):
+        super().__init__(family, config)
+        schedule = family.config.schedule
+        self.window = min(schedule.window_size(), config.window or schedule.d)
+        self.crop_by_position = config.fht_cache_order
+        self.first_hitting_times = first_hitting_times
+
+    def setup(self, row: RowState) -> None:
+        hitting = None
+        if self.config.fht_cache_order:
+            if self.first_hitting_times is not None:
+                times = list(self.first_hitting_times[row.index])
+            else:
+                generator = row.generator or torch.Generator().manual_seed(0)
+                times = self.family.config.schedule.first_hitting_times(
+                    1, generator=generator, length=len(row.generated)
+                )[0].tolist()
+            hitting = dict(zip(row.generated, times, strict=True))
+        row.policy = SimpleNamespace(
+            pending=[],  # committed at the previous step, not cached yet
+            leftmost=0,  # index into row.generated of the leftmost mask
+            step=0,
+            per_step=tokens_per_step(len(row.generated), self.config.num_steps),
+            hitting=hitting,
+        )
+
+    def prefill(self, row: RowState) -> RowInputs | None:
+        """Cache every visible token (prompt, or both infilling contexts) causally in order."""
+        mask_id = self.family.config.mask_token_id
+        context = [s for s in range(row.prompt_length) if row.tokens[s] != mask_id]
+        context = context[-self.family.config.length :]
+        if not context:
+            return None
+        return RowInputs(context, masks.causal_mask(len(context)), len(context))
+
+    def plan(self, row: RowState) -> RowInputs | None:
+        state = row.policy
+        mask_id = self.family.config.mask_token_id
+        generated = row.generated
+        while state.leftmost < len(generated) and row.tokens[generated[state.leftmost]] != mask_id:
+            state.leftmost += 1
+        if state.leftmost == len(generated):
+            return None  # done; the last commits are never cached: nothing would read them
+        window_end = row.positions[generated[state.leftmost]] + self.window
+        active = []
+        for slot in generated[state.leftmost :]:
+            if row.positions[slot] >= window_end:
+                break
+            if row.tokens[slot] == mask_id:
+                active.append(slot)
+        pending = state.pending
+        attend = masks.clean_then_noisy_mask(
+            masks.causal_mask(len(pending)), len(active), noisy_see_each_other=False
+        )
+        targets = [(len(pending) + i, slot) for i, slot in enumerate(active)]
+        quota = state.per_step[state.step] if state.step < len(state.per_step) else 1
+        return RowInputs(pending + active, attend, len(pending), targets, k=quota)
+
+    def observe(self, row: RowState, committed: list[int]) -> None:
+        state = row.policy
+        state.step += 1
+        if state.hitting is None:
+            state.pending = sorted(committed)
+        else:  # as in training, ties within a set are broken by first-hitting time
+            state.pending = sorted(committed, key=lambda s: (-state.hitting[s], s))

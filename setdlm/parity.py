@@ -1,0 +1,218 @@
+"""Exact parity with the official implementation, on fixture folders in the official layout.
+
+Each folder holds an official checkpoint (config.json + model.safetensors), the recorded
+randomness of its loss forwards and the runs of its sampler (reference.json), and the exact
+backbone call of its eval loss (reference_tensors.safetensors). ``check_case`` replays all of
+it through our code with ``official_compat`` on and returns one ``Check`` per comparison.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from setdlm.checkpoints import config_from_official, load_state, read_weights
+from setdlm.core import masks
+from setdlm.core.decoding import DecodeConfig
+from setdlm.registry import build_model
+
+LOGITS_ATOL = 1e-6
+LOSS_RTOL = 1e-5
+
+
+@dataclass(frozen=True)
+class Check:
+    case: str
+    quantity: str
+    max_difference: float
+    tolerance: float
+    passed: bool
+
+    def line(self) -> str:
+        verdict = "PASS" if self.passed else "FAIL"
+        return (
+            f"{self.case:24s} {self.quantity:52s} {self.max_difference:10.3g} "
+            f"(tol {self.tolerance:.0e})  {verdict}"
+        )
+
+
+def fixture_cases(root: Path) -> list[Path]:
+    return sorted(p for p in Path(root).iterdir() if (p / "reference.json").exists())
+
+
+def check_case(folder: Path) -> list[Check]:
+    folder = Path(folder)
+    reference = json.loads((folder / "reference.json").read_text())
+    config = dataclasses.replace(
+        config_from_official(json.loads((folder / "config.json").read_text()), folder),
+        official_compat=True,
+    )
+    weights = read_weights(folder)
+    model = build_model(config)
+    load_state(model, weights, str(folder))
+    model.eval()
+    case = folder.name
+    checks = [_backbone_logits(case, model, folder, reference)]
+    checks += _loss(case, model, reference, "eval_loss")
+    train_model = build_model(_without_dropout(config))
+    load_state(train_model, weights, str(folder))
+    checks += _loss(case, train_model.train(), reference, "train_loss")
+    for run in reference["generation"]:
+        checks += _generation(case, model, run)
+    return checks
+
+
+# ------------------------------------------------------------------------------ backbone
+def _backbone_logits(case, model, folder, reference) -> Check:
+    recorded = load_file(folder / "reference_tensors.safetensors")
+    call = reference["backbone_forward"]
+    input_ids = recorded[call["input_ids_key"]]
+    batch, length = input_ids.shape
+    positions = recorded.get(call.get("position_ids_key") or "", None)
+    if positions is None:
+        positions = torch.arange(length).expand(batch, -1)
+    allowed = recorded.get(call.get("attention_key") or "", None)
+    if allowed is not None and allowed.ndim == 4:
+        allowed = allowed[:, 0].bool()
+    elif model.config.family == "ar":
+        # The official AR backbones run causally and ignore the (B, L) padding mask they get.
+        allowed = masks.causal_mask(length).expand(batch, -1, -1)
+    else:
+        allowed = None
+    with torch.no_grad():
+        logits = model.backbone(input_ids, positions.expand(batch, -1), allowed)
+    expected = recorded[call["logits_key"]]
+    difference = (logits - expected).abs().max().item()
+    return Check(case, "backbone logits (abs)", difference, LOGITS_ATOL, difference <= LOGITS_ATOL)
+
+
+# ------------------------------------------------------------------------------ losses
+def _without_dropout(config):
+    """The train-loss fixtures were recorded with dropout forced to 0."""
+    if config.backbone_kind == "dit":
+        return dataclasses.replace(config, backbone={**config.backbone, "dropout": 0.0})
+    return config
+
+
+def _loss(case, model, reference, key) -> list[Check]:
+    inputs, recorded = reference["loss_inputs"], reference[key]
+    batch = {
+        "input_ids": torch.tensor(inputs["input_ids"]),
+        "attention_mask": torch.tensor(inputs["attention_mask"]),
+    }
+    if inputs.get("context_mask") is not None:
+        batch["context_mask"] = torch.tensor(inputs["context_mask"])
+    family = model.config.family
+    randomness = {}
+    if family in ("mdlm", "bd3lm"):
+        randomness = {"t": torch.tensor(inputs["t"]), "x_t": torch.tensor(recorded["x_t"])}
+    elif family == "setdlm":
+        randomness = {"order": torch.tensor(recorded["perm_indices"])}
+    with torch.no_grad():
+        output = model.loss(batch, randomness=randomness)
+    mode = recorded["mode"]
+    log_probs_key = "target_logprobs_permuted_order" if family == "setdlm" else "target_logprobs"
+    return [
+        _compare(case, f"{mode} loss", output.loss, torch.tensor(recorded["loss"]), LOSS_RTOL),
+        _compare(
+            case, f"{mode} per-token nlls", output.nlls, torch.tensor(recorded["nlls"]), LOSS_RTOL
+        ),
+        _compare(
+            case,
+            f"{mode} per-token log-probs",
+            output.extras["target_log_probs"],
+            torch.tensor(recorded[log_probs_key]),
+            LOSS_RTOL,
+        ),
+    ]
+
+
+def _compare(case, quantity, ours, theirs, rtol) -> Check:
+    ours, theirs = ours.double(), theirs.double()
+    if ours.shape != theirs.shape:
+        return Check(
+            case,
+            f"{quantity} shape {tuple(ours.shape)} vs {tuple(theirs.shape)}",
+            math.inf,
+            rtol,
+            False,
+        )
+    relative = ((ours - theirs).abs() / theirs.abs().clamp(min=1.0)).max().item()
+    return Check(case, f"{quantity} (rel)", relative, rtol, relative <= rtol)
+
+
+# ------------------------------------------------------------------------------ decoding
+def decode_config_from_official(run: dict, family: str) -> tuple[DecodeConfig, dict]:
+    """Our DecodeConfig (and policy options) for one recorded official generation call."""
+    passed = run["generation_config_passed"]
+    overrides = run.get("model_config_overrides") or {}
+    processors = run.get("logits_processor") or []
+    repetition = 1.0
+    for processor in processors:
+        if processor["class"] != "RepetitionPenaltyLogitsProcessor":
+            raise ValueError(f"unsupported official logits processor {processor['class']}")
+        repetition = float(processor["penalty"])
+    if passed.get("first_hitting") or passed.get("sampling_strategy", "predict_and_noise") != (
+        "predict_and_noise"
+    ):
+        raise ValueError("only the predict_and_noise sampler without first_hitting is supported")
+    infill = passed.get("cache_full_infill_context")
+    if family == "setdlm" and infill is False and run.get("infill"):
+        raise ValueError("SetDLM infilling is implemented with the full-context cache only")
+    config = DecodeConfig(
+        max_new_tokens=int(run["max_new_tokens"]),
+        confidence_threshold=float(passed.get("confidence_threshold", 1e6)),
+        num_steps=passed.get("num_steps"),
+        block_size=passed.get("block_size") if family in ("mdlm", "bd3lm") else None,
+        window=passed.get("max_window_size"),
+        fht_cache_order=bool(overrides.get("setdlm_fht_cache_order", False)),
+        fused_block_cache=passed.get("fused_block_cache") in (None, True),
+        do_sample=bool(passed.get("do_sample", False)),
+        top_p=float(passed.get("nucleus_p", 1.0)),
+        repetition_penalty=repetition,
+        repetition_context="visible",
+        official_compat=True,
+    )
+    options = {}
+    if run.get("first_hitting_times") is not None:
+        options["first_hitting_times"] = run["first_hitting_times"]
+    return config, options
+
+
+def _generation(case, model, run) -> list[Check]:
+    name = f"generate {run['variant']}"
+    config, options = decode_config_from_official(run, model.config.family)
+    output = model.generate([run["prompt_ids"]], config, seeds=[0], **options)
+    ours, theirs = output.output_ids[0], run["output_ids"]
+    mismatches = sum(a != b for a, b in zip(ours, theirs, strict=False)) + abs(
+        len(ours) - len(theirs)
+    )
+    checks = [
+        Check(case, f"{name}: output ids (mismatches)", mismatches, 0, mismatches == 0),
+        Check(
+            case,
+            f"{name}: backbone forwards",
+            abs(output.nfe - run["num_backbone_forward_calls"]),
+            0,
+            output.nfe == run["num_backbone_forward_calls"],
+        ),
+    ]
+    if run.get("parallelism_factor") is not None:
+        difference = abs(output.parallelism[0] - run["parallelism_factor"])
+        checks.append(
+            Check(case, f"{name}: parallelism factor", difference, 1e-9, difference <= 1e-9)
+        )
+    return checks
+
+
+def run_parity(root: Path) -> list[Check]:
+    checks = []
+    for folder in fixture_cases(root):
+        checks += check_case(folder)
+    return checks
