@@ -26,6 +26,7 @@ class KVCache:
         self.batch_size = batch_size
         self.device = torch.device(device)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.device)  # (B,)
+        self._width = 0  # max(lengths), kept on the host: read every layer of every forward
         self.positions = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)
         self._keys: list[torch.Tensor | None] = [None] * num_layers  # (B, H, cap, D)
         self._values: list[torch.Tensor | None] = [None] * num_layers
@@ -35,7 +36,7 @@ class KVCache:
     @property
     def width(self) -> int:
         """Number of key slots a forward attends over: the longest row's length."""
-        return int(self.lengths.max()) if self.batch_size else 0
+        return self._width
 
     def key_valid(self) -> torch.Tensor:
         """(B, width) bool: slot s of row b holds a committed token."""
@@ -67,10 +68,13 @@ class KVCache:
         if any(s is None for s in self._stash):
             raise RuntimeError("commit() without a preceding forward that stashed every layer")
         keep = keep.to(self.device, torch.bool)
-        added = keep.sum(dim=1)  # (B,)
-        needed = int((self.lengths + added).max())
-        self._ensure_capacity(needed)
         rows, cols = keep.nonzero(as_tuple=True)
+        if rows.numel() == 0:
+            self.discard_stash()
+            return
+        added = keep.sum(dim=1)  # (B,)
+        new_lengths = self.lengths + added
+        self._ensure_capacity(int(new_lengths.max()))
         # destination slot of each kept input: its row's length + its rank among kept inputs
         rank = torch.cumsum(keep.long(), dim=1) - 1  # (B, Q)
         slots = self.lengths[rows] + rank[rows, cols]
@@ -78,7 +82,8 @@ class KVCache:
             self._keys[layer][rows, :, slots] = keys[rows, :, cols]
             self._values[layer][rows, :, slots] = values[rows, :, cols]
         self.positions[rows, slots] = positions.to(self.device)[rows, cols]
-        self.lengths = self.lengths + added
+        self.lengths = new_lengths
+        self._width = int(new_lengths.max())
         self.discard_stash()
 
     def discard_stash(self) -> None:
@@ -103,6 +108,7 @@ class KVCache:
             values[:, :, :width] = torch.gather(values[:, :, :width], 2, index)
         self.positions[:, :width] = torch.gather(self.positions[:, :width], 1, order)
         self.lengths = keep.sum(dim=1)
+        self._width = int(self.lengths.max())
 
     def _ensure_capacity(self, needed: int) -> None:
         capacity = self.positions.shape[1]
