@@ -1,0 +1,145 @@
+"""WikiText-2 documents and the chunked language-modelling dataset built from them.
+
+The tiny configuration trains on WikiText-2 text the way the paper's LM1B/OWT runs train on
+their corpora (SPEC section 4): documents are tokenized, concatenated with EOS after each one,
+and the token stream is wrapped into fixed chunks of ``length`` tokens, each starting with BOS.
+Chunks ignore document boundaries, so no token is padding and every chunk is full.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from setdlm.paths import data_dir, data_path
+
+WIKITEXT_HUB_ID = ("wikitext", "wikitext-2-raw-v1")
+# Hub split name -> file name in the local mirror (the original archive's names).
+_WIKITEXT_FILES = {
+    "train": "wiki.train.raw",
+    "validation": "wiki.valid.raw",
+    "test": "wiki.test.raw",
+}
+# A top-level article title: " = Robert Boulter = " (sections are " = = History = = ").
+_ARTICLE_TITLE = re.compile(r"^ = [^=].* = $")
+
+
+class TextSplits(NamedTuple):
+    """Documents to train on and a disjoint held-out slice to evaluate on."""
+
+    train: list[str]
+    heldout: list[str]
+
+
+def read_wikitext2_lines(split: str = "test") -> list[str]:
+    """The non-blank lines of a WikiText-2 raw split, from the local mirror or the Hub.
+
+    With ``SETDLM_DATA_DIR`` set the mirror's ``wikitext2/wiki.<split>.raw`` is read (the mirror
+    holds the test split only); otherwise the Hub dataset. Both give the same lines: the mirror
+    is the Hub text joined with blank lines dropped.
+    """
+    if split not in _WIKITEXT_FILES:
+        raise ValueError(f"WikiText-2 split {split!r} is not one of {sorted(_WIKITEXT_FILES)}")
+    if data_dir() is not None:
+        text = data_path("wikitext2", _WIKITEXT_FILES[split]).read_text(encoding="utf-8")
+    else:
+        import datasets  # imported here: the offline path never needs it
+
+        rows = datasets.load_dataset(*WIKITEXT_HUB_ID, split=split)["text"]
+        text = "".join(rows)
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def split_wikitext_articles(lines: Sequence[str]) -> list[str]:
+    """Group lines into articles: each top-level title line starts a new one.
+
+    Lines before the first title (none in the real splits) form an article of their own.
+    """
+    articles: list[list[str]] = []
+    for line in lines:
+        if _ARTICLE_TITLE.match(line) or not articles:
+            articles.append([])
+        articles[-1].append(line)
+    return ["\n".join(article) for article in articles]
+
+
+def detokenize_wikitext(text: str) -> str:
+    """Undo WikiText's own tokenization (" @-@ ", " , ", "( x )") so BPE sees ordinary text.
+
+    MDLM-style pipelines do this before BPE; the rules below cover the patterns that occur in
+    WikiText-2 and leave everything else untouched.
+    """
+    text = text.replace(" @-@ ", "-").replace(" @,@ ", ",").replace(" @.@ ", ".")
+    text = re.sub(r" ([.,;:!?%)\]}])", r"\1", text)  # no space before closing punctuation
+    text = re.sub(r"([(\[{$]) ", r"\1", text)  # no space after opening brackets
+    text = re.sub(r" (n't|'s|'re|'ve|'ll|'d|'m)\b", r"\1", text)  # contractions
+    text = re.sub(r'" ([^"\n]*?) "', r'"\1"', text)  # quoted spans
+    lines = []
+    for line in text.split("\n"):
+        line = line.strip()
+        heading = re.fullmatch(r"((?:= )+)(.*?)((?: =)+)", line)
+        if heading:  # "= = History = =" -> "== History =="
+            level = heading.group(1).count("=")
+            line = f"{'=' * level} {heading.group(2)} {'=' * level}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def load_wikitext2(
+    split: str = "test", heldout_fraction: float = 0.1, detokenize: bool = True
+) -> TextSplits:
+    """WikiText-2 articles split deterministically: the last ``heldout_fraction`` are held out."""
+    if not 0.0 < heldout_fraction < 1.0:
+        raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
+    articles = split_wikitext_articles(read_wikitext2_lines(split))
+    if detokenize:
+        articles = [detokenize_wikitext(article) for article in articles]
+    if len(articles) < 2:
+        raise ValueError(f"WikiText-2 {split} has {len(articles)} article(s); need at least 2")
+    n_heldout = min(len(articles) - 1, max(1, round(len(articles) * heldout_fraction)))
+    return TextSplits(train=articles[:-n_heldout], heldout=articles[-n_heldout:])
+
+
+class ChunkedLMDataset(torch.utils.data.Dataset):
+    """Documents -> one token stream (EOS after each document) -> chunks of ``length`` tokens.
+
+    Every chunk is BOS followed by the next ``length - 1`` tokens of the stream; the tail that
+    does not fill a chunk is dropped. Items are ``{"input_ids": (L,), "attention_mask": (L,)}``
+    long tensors (the mask is all ones: chunks have no padding).
+    """
+
+    def __init__(self, documents: Sequence[str], tokenizer: PreTrainedTokenizerBase, length: int):
+        if length < 2:
+            raise ValueError(f"chunk length must be at least 2 (BOS + one token), got {length}")
+        bos_id, eos_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+        if bos_id is None or eos_id is None:
+            raise ValueError(
+                f"tokenizer {tokenizer.name_or_path!r} needs bos and eos tokens to chunk "
+                f"documents (bos_token_id={bos_id}, eos_token_id={eos_id})"
+            )
+        encoded = tokenizer(list(documents), add_special_tokens=False)["input_ids"]
+        stream = [token for document in encoded for token in [*document, eos_id]]
+        body_length = length - 1
+        n_chunks = len(stream) // body_length
+        if n_chunks == 0:
+            raise ValueError(
+                f"{len(documents)} document(s) give {len(stream)} tokens, "
+                f"fewer than one chunk of {length}"
+            )
+        body = torch.tensor(stream[: n_chunks * body_length], dtype=torch.long)
+        body = body.view(n_chunks, body_length)  # (N, L - 1)
+        bos_column = torch.full((n_chunks, 1), bos_id, dtype=torch.long)  # (N, 1)
+        self.input_ids = torch.cat([bos_column, body], dim=1)  # (N, L)
+        self.length = length
+        self.n_stream_tokens = len(stream)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        input_ids = self.input_ids[index]  # (L,)
+        return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
