@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from setdlm.core.family import Family, ModelConfig
 from setdlm.core.schedules import LinearSchedule, StaggeredSchedule
+from setdlm.files import atomic_write_json, fsync_dir
 
+MODEL_FORMAT = "setdlm-model/1"
 OFFICIAL_ARCHITECTURES = {"AR": "ar", "MDLM": "mdlm", "BD3LM": "bd3lm", "SetDLM": "setdlm"}
 # Buffers the official code rebuilds at load time instead of saving (or saves needlessly).
 DERIVED_TENSORS = ("static_attention_mask",)
@@ -124,3 +128,51 @@ def load_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source: s
     if problems:
         raise CheckpointError(f"{source}: " + "; ".join(problems))
     model.load_state_dict(state, strict=True)
+
+
+# ------------------------------------------------------------------------------ our own models
+def save_model(model: Family, folder: str | Path) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` atomically (a folder renamed into place).
+
+    Tied tensors (Qwen3's embedding and output layer) are stored under every name, as in the
+    official checkpoints, so the folder loads the same way whoever wrote it.
+    """
+    folder = Path(folder)
+    staging = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    state = {
+        name: tensor.detach().cpu().clone().contiguous()
+        for name, tensor in model.state_dict().items()
+    }
+    save_file(state, staging / "model.safetensors", metadata={"format": MODEL_FORMAT})
+    atomic_write_json(
+        staging / "config.json", {"format": MODEL_FORMAT, "model": model.config.to_dict()}
+    )
+    fsync_dir(staging)
+    previous = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+    if folder.exists():
+        folder.rename(previous)
+    staging.rename(folder)
+    fsync_dir(folder.parent)
+    shutil.rmtree(previous, ignore_errors=True)
+    return folder
+
+
+def load_model(folder: str | Path) -> Family:
+    """A model saved by ``save_model`` or an official checkpoint folder, in eval mode."""
+    from setdlm.registry import build_model
+
+    folder = Path(folder)
+    config_path = folder / "config.json"
+    if not config_path.exists():
+        raise CheckpointError(f"{folder}: no config.json (expected a model folder)")
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{config_path}: not valid JSON ({error})") from error
+    if config.get("format") != MODEL_FORMAT:
+        return load_official(folder)
+    model = build_model(ModelConfig.from_dict(config["model"], source=str(config_path)))
+    load_state(model, read_weights(folder), str(folder))
+    return model.eval()

@@ -19,7 +19,6 @@ JSON only.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -31,6 +30,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, load_model
 
+from setdlm.files import atomic_write_json, fsync_dir, sha256_file
 from setdlm.train.ema import copy_averaged_weights
 
 FORMAT = "setdlm-train-checkpoint/1"
@@ -43,45 +43,6 @@ _FINAL_NAME = re.compile(r"step-\d{8,}")
 
 class CheckpointError(RuntimeError):
     """A checkpoint or its manifest is missing, malformed or does not match its hashes."""
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename or new entry in ``path`` durable (a no-op where folders cannot be opened)."""
-    try:
-        descriptor = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` in one step: temp file beside it, fsync, ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(temporary, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-    fsync_dir(path.parent)
-
-
-def atomic_write_json(path: Path, value: Any) -> None:
-    atomic_write_text(path, json.dumps(value, indent=1, sort_keys=True) + "\n")
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def checkpoint_name(step: int) -> str:

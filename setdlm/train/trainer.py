@@ -31,7 +31,8 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from setdlm.core.outputs import LossOutput
-from setdlm.train.checkpoint import atomic_write_json, atomic_write_text, latest_checkpoint
+from setdlm.files import atomic_write_json, atomic_write_text
+from setdlm.train.checkpoint import latest_checkpoint
 from setdlm.train.config import TrainConfig
 from setdlm.train.run import TrainingRun
 

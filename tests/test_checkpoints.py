@@ -1,0 +1,76 @@
+"""Our own model folders: a round trip is exact, and bad folders fail with a clear error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from model_factory import BACKBONES, FAMILIES, prompts, tiny_model
+from safetensors.torch import load_file, save_file
+
+from setdlm.checkpoints import CheckpointError, load_model, save_model
+from setdlm.core.decoding import DecodeConfig
+
+
+@pytest.mark.parametrize("backbone", BACKBONES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_round_trip_reproduces_logits_and_decoding(tmp_path, family, backbone):
+    model = tiny_model(family, backbone)
+    folder = save_model(model, tmp_path / "model")
+    loaded = load_model(folder)
+    assert loaded.config == model.config
+    ids = torch.tensor(prompts(1, lengths=(8,)))
+    positions = torch.arange(8)[None]
+    with torch.no_grad():
+        assert torch.equal(
+            model.backbone(ids, positions, None), loaded.backbone(ids, positions, None)
+        )
+    config = DecodeConfig(max_new_tokens=6, block_size=4 if family == "mdlm" else None)
+    assert (
+        model.generate(prompts(2), config).output_ids
+        == loaded.generate(prompts(2), config).output_ids
+    )
+
+
+def test_saving_over_an_existing_folder_replaces_it(tmp_path):
+    save_model(tiny_model("ar", seed=0), tmp_path / "model")
+    second = tiny_model("ar", seed=1)
+    save_model(second, tmp_path / "model")
+    loaded = load_model(tmp_path / "model")
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(loaded.state_dict().values(), second.state_dict().values(), strict=True)
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_missing_unexpected_and_misshaped_tensors_are_listed_together(tmp_path):
+    folder = save_model(tiny_model("setdlm"), tmp_path / "model")
+    state = load_file(folder / "model.safetensors")
+    state.pop("backbone.blocks.0.attn_out.weight")
+    state["backbone.extra"] = torch.zeros(1)
+    state["backbone.vocab_embed.embedding"] = torch.zeros(3, 3)
+    save_file(state, folder / "model.safetensors")
+    with pytest.raises(CheckpointError) as error:
+        load_model(folder)
+    message = str(error.value)
+    assert "missing tensors ['backbone.blocks.0.attn_out.weight']" in message
+    assert "unexpected tensors ['backbone.extra']" in message
+    assert "backbone.vocab_embed.embedding: checkpoint (3, 3)" in message
+
+
+def test_truncated_weights_and_bad_config_fail_clearly(tmp_path):
+    folder = save_model(tiny_model("ar"), tmp_path / "model")
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(Exception, match="(?i)safetensor|incomplete|invalid|truncat"):
+        load_model(folder)
+    (folder / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="config.json"):
+        load_model(folder)
+    (folder / "config.json").write_text(
+        json.dumps({"format": "setdlm-model/1", "model": {"family": "ar", "colour": 1}})
+    )
+    with pytest.raises(ValueError, match="unknown keys \\['colour'\\]"):
+        load_model(folder)
