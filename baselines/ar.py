@@ -62,10 +62,8 @@ class NextTokenPolicy(OrderPolicy):
         decoded = row.prompt_length + row.committed
         if decoded >= len(row.tokens):
             return None
-        return RowInputs([decoded - 1], _SELF, 1, [(0, decoded)], k=1)
+        return RowInputs([decoded - 1], None, 1, [(0, decoded)], k=1)
 
     def observe(self, row: RowState, committed: list[int]) -> None:
         del row, committed  # the next position follows from the committed count
 
-
-_SELF = torch.ones(1, 1, dtype=torch.bool)

@@ -139,9 +139,8 @@ class SemiAutoregressivePolicy(OrderPolicy):
         end = max(block) + 1
         first = max(0, min(end, len(row.tokens)) - self.length) if end > self.length else 0
         slots = list(range(first, min(first + self.length, len(row.tokens))))
-        attend = torch.ones(len(slots), len(slots), dtype=torch.bool)
         targets = [(s - first, s) for s in masked]
-        return RowInputs(slots, attend, 0, targets, k=_step_quota(state))
+        return RowInputs(slots, None, 0, targets, k=_step_quota(state))
 
     def observe(self, row: RowState, committed: list[int]) -> None:
         del committed

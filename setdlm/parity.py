@@ -4,10 +4,22 @@ Each folder holds an official checkpoint (config.json + model.safetensors), the 
 randomness of its loss forwards and the runs of its sampler (reference.json), and the exact
 backbone call of its eval loss (reference_tensors.safetensors). ``check_case`` replays all of
 it through our code with ``official_compat`` on and returns one ``Check`` per comparison.
+
+Decoding must match exactly (ids, forward counts, parallelism). Floating-point quantities are
+compared at the nominal tolerances (logits 1e-6 absolute, losses 1e-5 relative), except that a
+float32 result cannot be expected to agree with another float32 result more closely than
+either agrees with the exact value: the same formulas summed in a different order (16 SIMD
+lanes on the AVX-512 machine that recorded the fixtures, 8 on an AVX2 one) differ by that
+much. So each quantity is also computed in float64, and the tolerance grows by four times the
+distance between our float32 and float64 results: both float32 results sit about that far
+from the exact value, in different directions element by element, and the largest of many
+such differences runs to a few times one of them. The line says when this widened the
+tolerance noticeably; ``strict=True`` keeps the nominal tolerances.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -33,20 +45,35 @@ class Check:
     max_difference: float
     tolerance: float
     passed: bool
+    note: str = ""
 
     def line(self) -> str:
         verdict = "PASS" if self.passed else "FAIL"
+        note = f"  [{self.note}]" if self.note else ""
         return (
-            f"{self.case:24s} {self.quantity:52s} {self.max_difference:10.3g} "
-            f"(tol {self.tolerance:.0e})  {verdict}"
+            f"{self.case:20s} {self.quantity:64s} max diff {self.max_difference:9.3g}  "
+            f"tol {self.tolerance:8.2g}  {verdict}{note}"
         )
+
+
+NOISE_FACTOR = 4
+
+
+def _tolerance(nominal: float, float32_error: float | None, strict: bool) -> tuple[float, str]:
+    """The nominal tolerance widened by our own float32 rounding error."""
+    if strict or float32_error is None:
+        return nominal, ""
+    note = ""
+    if NOISE_FACTOR * float32_error > 0.1 * nominal:
+        note = f"+ float32 noise: ours vs float64 {float32_error:.2g}"
+    return nominal + NOISE_FACTOR * float32_error, note
 
 
 def fixture_cases(root: Path) -> list[Path]:
     return sorted(p for p in Path(root).iterdir() if (p / "reference.json").exists())
 
 
-def check_case(folder: Path) -> list[Check]:
+def check_case(folder: Path, strict: bool = False) -> list[Check]:
     folder = Path(folder)
     reference = json.loads((folder / "reference.json").read_text())
     config = dataclasses.replace(
@@ -54,29 +81,36 @@ def check_case(folder: Path) -> list[Check]:
         official_compat=True,
     )
     weights = read_weights(folder)
-    model = build_model(config)
-    load_state(model, weights, str(folder))
-    model.eval()
     case = folder.name
-    checks = [_backbone_logits(case, model, folder, reference)]
-    checks += _loss(case, model, reference, "eval_loss")
-    train_model = build_model(_without_dropout(config))
-    load_state(train_model, weights, str(folder))
-    checks += _loss(case, train_model.train(), reference, "train_loss")
+    eval_model = _loaded(config, weights, folder).eval()
+    train_model = _loaded(_without_dropout(config), weights, folder).train()
+    checks = [_backbone_logits(case, eval_model, folder, reference, strict)]
+    checks += _loss(case, eval_model, reference, "eval_loss", strict)
+    checks += _loss(case, train_model, reference, "train_loss", strict)
     for run in reference["generation"]:
-        checks += _generation(case, model, run)
+        checks += _generation(case, eval_model, run)
     return checks
 
 
+def _loaded(config, weights, folder):
+    model = build_model(config)
+    load_state(model, weights, str(folder))
+    return model
+
+
+def _in_float64(model):
+    return copy.deepcopy(model).double()
+
+
 # ------------------------------------------------------------------------------ backbone
-def _backbone_logits(case, model, folder, reference) -> Check:
+def _backbone_logits(case, model, folder, reference, strict) -> Check:
     recorded = load_file(folder / "reference_tensors.safetensors")
     call = reference["backbone_forward"]
     input_ids = recorded[call["input_ids_key"]]
     batch, length = input_ids.shape
     positions = recorded.get(call.get("position_ids_key") or "", None)
     if positions is None:
-        positions = torch.arange(length).expand(batch, -1)
+        positions = torch.arange(length)
     allowed = recorded.get(call.get("attention_key") or "", None)
     if allowed is not None and allowed.ndim == 4:
         allowed = allowed[:, 0].bool()
@@ -85,11 +119,15 @@ def _backbone_logits(case, model, folder, reference) -> Check:
         allowed = masks.causal_mask(length).expand(batch, -1, -1)
     else:
         allowed = None
+    positions = positions.expand(batch, -1)
     with torch.no_grad():
-        logits = model.backbone(input_ids, positions.expand(batch, -1), allowed)
-    expected = recorded[call["logits_key"]]
-    difference = (logits - expected).abs().max().item()
-    return Check(case, "backbone logits (abs)", difference, LOGITS_ATOL, difference <= LOGITS_ATOL)
+        logits = model.backbone(input_ids, positions, allowed)
+        exact = _in_float64(model).backbone(input_ids, positions, allowed)
+    difference = (logits - recorded[call["logits_key"]]).abs().max().item()
+    tolerance, note = _tolerance(LOGITS_ATOL, (logits - exact).abs().max().item(), strict)
+    return Check(
+        case, "backbone logits (abs)", difference, tolerance, difference <= tolerance, note
+    )
 
 
 # ------------------------------------------------------------------------------ losses
@@ -100,7 +138,7 @@ def _without_dropout(config):
     return config
 
 
-def _loss(case, model, reference, key) -> list[Check]:
+def _loss(case, model, reference, key, strict) -> list[Check]:
     inputs, recorded = reference["loss_inputs"], reference[key]
     batch = {
         "input_ids": torch.tensor(inputs["input_ids"]),
@@ -114,37 +152,40 @@ def _loss(case, model, reference, key) -> list[Check]:
         randomness = {"t": torch.tensor(inputs["t"]), "x_t": torch.tensor(recorded["x_t"])}
     elif family == "setdlm":
         randomness = {"order": torch.tensor(recorded["perm_indices"])}
+    exact_model = _in_float64(model).train(model.training)
     with torch.no_grad():
-        output = model.loss(batch, randomness=randomness)
+        ours = model.loss(batch, randomness=randomness)
+        exact = exact_model.loss(batch, randomness=randomness)
     mode = recorded["mode"]
     log_probs_key = "target_logprobs_permuted_order" if family == "setdlm" else "target_logprobs"
+    quantities = [
+        ("loss", ours.loss, exact.loss, recorded["loss"]),
+        ("per-token nlls", ours.nlls, exact.nlls, recorded["nlls"]),
+        (
+            "per-token log-probs",
+            ours.extras["target_log_probs"],
+            exact.extras["target_log_probs"],
+            recorded[log_probs_key],
+        ),
+    ]
     return [
-        _compare(case, f"{mode} loss", output.loss, torch.tensor(recorded["loss"]), LOSS_RTOL),
-        _compare(
-            case, f"{mode} per-token nlls", output.nlls, torch.tensor(recorded["nlls"]), LOSS_RTOL
-        ),
-        _compare(
-            case,
-            f"{mode} per-token log-probs",
-            output.extras["target_log_probs"],
-            torch.tensor(recorded[log_probs_key]),
-            LOSS_RTOL,
-        ),
+        _compare(case, f"{mode} {name}", value, value64, torch.tensor(theirs), strict)
+        for name, value, value64, theirs in quantities
     ]
 
 
-def _compare(case, quantity, ours, theirs, rtol) -> Check:
-    ours, theirs = ours.double(), theirs.double()
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).abs() / b.abs().clamp(min=1.0)).max().item()
+
+
+def _compare(case, quantity, ours, ours_float64, theirs, strict) -> Check:
     if ours.shape != theirs.shape:
-        return Check(
-            case,
-            f"{quantity} shape {tuple(ours.shape)} vs {tuple(theirs.shape)}",
-            math.inf,
-            rtol,
-            False,
-        )
-    relative = ((ours - theirs).abs() / theirs.abs().clamp(min=1.0)).max().item()
-    return Check(case, f"{quantity} (rel)", relative, rtol, relative <= rtol)
+        name = f"{quantity} shape {tuple(ours.shape)} vs {tuple(theirs.shape)}"
+        return Check(case, name, math.inf, LOSS_RTOL, False)
+    difference = _relative(ours, theirs)
+    tolerance, note = _tolerance(LOSS_RTOL, _relative(ours, ours_float64), strict)
+    return Check(case, f"{quantity} (rel)", difference, tolerance, difference <= tolerance, note)
 
 
 # ------------------------------------------------------------------------------ decoding
@@ -211,8 +252,8 @@ def _generation(case, model, run) -> list[Check]:
     return checks
 
 
-def run_parity(root: Path) -> list[Check]:
+def run_parity(root: Path, strict: bool = False) -> list[Check]:
     checks = []
     for folder in fixture_cases(root):
-        checks += check_case(folder)
+        checks += check_case(folder, strict=strict)
     return checks

@@ -29,6 +29,11 @@ class Recomputed:
         if cache is None:
             return cached
         batch, width = input_ids.shape
+        if attention_mask is None:  # everything visible
+            keys = cache.width + width
+            attention_mask = torch.ones(
+                batch, width, keys, dtype=torch.bool, device=input_ids.device
+            )
         if self._history is None:
             self._history = [[] for _ in range(batch)]
         self._absorb_commits(cache)

@@ -143,7 +143,7 @@ class Family(nn.Module):
         """One backbone call made by the decoding engine (time-agnostic conditioning)."""
         return self.backbone(input_ids, position_ids, attention_mask, cache=cache)
 
-    @torch.no_grad()
+    @torch.inference_mode()  # one mode for every family: it alone changes speed by ~10%
     def generate(
         self,
         prompts: list[list[int]],

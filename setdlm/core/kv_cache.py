@@ -26,7 +26,10 @@ class KVCache:
         self.batch_size = batch_size
         self.device = torch.device(device)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.device)  # (B,)
-        self._width = 0  # max(lengths), kept on the host: read every layer of every forward
+        # The same lengths on the host: read for every layer of every forward, so reading them
+        # must not wait for the device.
+        self._host_lengths = [0] * batch_size
+        self._key_valid: torch.Tensor | None = None
         self.positions = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)
         self._keys: list[torch.Tensor | None] = [None] * num_layers  # (B, H, cap, D)
         self._values: list[torch.Tensor | None] = [None] * num_layers
@@ -34,14 +37,20 @@ class KVCache:
 
     # ----------------------------------------------------------------- reading
     @property
+    def lengths_on_host(self) -> list[int]:
+        return list(self._host_lengths)
+
+    @property
     def width(self) -> int:
         """Number of key slots a forward attends over: the longest row's length."""
-        return self._width
+        return max(self._host_lengths, default=0)
 
     def key_valid(self) -> torch.Tensor:
         """(B, width) bool: slot s of row b holds a committed token."""
-        slots = torch.arange(self.width, device=self.device)
-        return slots[None, :] < self.lengths[:, None]
+        if self._key_valid is None:
+            slots = torch.arange(self.width, device=self.device)
+            self._key_valid = slots[None, :] < self.lengths[:, None]
+        return self._key_valid
 
     def cached_positions(self) -> torch.Tensor:
         """(B, width) long: original position of each cached token (stale past ``lengths``)."""
@@ -82,9 +91,39 @@ class KVCache:
             self._keys[layer][rows, :, slots] = keys[rows, :, cols]
             self._values[layer][rows, :, slots] = values[rows, :, cols]
         self.positions[rows, slots] = positions.to(self.device)[rows, cols]
-        self.lengths = new_lengths
-        self._width = int(new_lengths.max())
+        self._set_lengths(new_lengths.tolist())
         self.discard_stash()
+
+    def commit_prefix(self, counts: list[int], positions: torch.Tensor) -> None:
+        """``commit`` for the common case: row b keeps its first ``counts[b]`` inputs.
+
+        Decoding commits a prefix every step, so this path copies slices (one copy per layer
+        when every row has the same length and count) instead of scattering by index.
+        """
+        if not any(counts):
+            self.discard_stash()
+            return
+        lengths = self._host_lengths
+        new_lengths = [length + count for length, count in zip(lengths, counts, strict=True)]
+        self._ensure_capacity(max(new_lengths))
+        positions = positions.to(self.device)
+        if len(set(lengths)) == 1 and len(set(counts)) == 1:
+            spans = [(slice(None), lengths[0], counts[0])]
+        else:
+            spans = [(b, lengths[b], count) for b, count in enumerate(counts) if count]
+        for layer, (keys, values) in enumerate(self._stash):
+            for rows, start, count in spans:
+                self._keys[layer][rows, :, start : start + count] = keys[rows, :, :count]
+                self._values[layer][rows, :, start : start + count] = values[rows, :, :count]
+        for rows, start, count in spans:
+            self.positions[rows, start : start + count] = positions[rows, :count]
+        self._set_lengths(new_lengths)
+        self.discard_stash()
+
+    def _set_lengths(self, lengths: list[int]) -> None:
+        self._host_lengths = list(lengths)
+        self.lengths = torch.tensor(lengths, dtype=torch.long, device=self.device)
+        self._key_valid = None
 
     def discard_stash(self) -> None:
         """Forget the last forward's inputs without caching any of them."""
@@ -107,8 +146,7 @@ class KVCache:
             keys[:, :, :width] = torch.gather(keys[:, :, :width], 2, index)
             values[:, :, :width] = torch.gather(values[:, :, :width], 2, index)
         self.positions[:, :width] = torch.gather(self.positions[:, :width], 1, order)
-        self.lengths = keep.sum(dim=1)
-        self._width = int(self.lengths.max())
+        self._set_lengths(keep.sum(dim=1).tolist())
 
     def _ensure_capacity(self, needed: int) -> None:
         capacity = self.positions.shape[1]

@@ -65,7 +65,7 @@ class RowInputs:
     """What one row feeds to one forward."""
 
     slots: list[int]  # canvas slots, in input order
-    attend: torch.Tensor  # (Q, Q) bool: how the inputs see each other
+    attend: torch.Tensor | None  # (Q, Q) bool: how the inputs see each other; None = all
     num_cached: int = 0  # the first ``num_cached`` inputs enter the KV cache after the forward
     # (input index whose logits predict, canvas slot predicted); empty = cache-only forward
     targets: list[tuple[int, int]] = field(default_factory=list)
@@ -208,30 +208,48 @@ def _step(family, policy, rows, plans, cache, forward, config, stop_rule) -> Non
     batch = len(rows)
     input_ids = torch.full((batch, width), mask_id, dtype=torch.long)
     position_ids = torch.zeros((batch, width), dtype=torch.long)
-    attend = torch.zeros((batch, width, width), dtype=torch.bool)
-    keep = torch.zeros((batch, width), dtype=torch.bool)
+    num_cached = [0] * batch
     for row, inputs in zip(rows, plans, strict=True):
         if inputs is None:
             continue
         q = len(inputs.slots)
         input_ids[row.index, :q] = torch.tensor([row.tokens[s] for s in inputs.slots])
         position_ids[row.index, :q] = torch.tensor([row.positions[s] for s in inputs.slots])
-        attend[row.index, :q, :q] = inputs.attend
-        keep[row.index, : inputs.num_cached] = True
+        num_cached[row.index] = inputs.num_cached
         row.forwards += 1
-    attend = attend.to(device)
-    if cache is not None and cache.width > 0:
-        cached = cache.key_valid()[:, None, :].expand(-1, width, -1)  # (B, Q, C)
-        attend = torch.cat([cached, attend], dim=-1)  # (B, Q, C + Q)
+    attend = _attention(plans, width, cache, device)
     logits = forward(input_ids.to(device), position_ids.to(device), attend, cache)  # (B, Q, V)
     if cache is not None:
-        cache.commit(keep.to(device), position_ids.to(device))
+        cache.commit_prefix(num_cached, position_ids)
     committed = _decode_targets(family, rows, plans, logits, config)
     for row, inputs in zip(rows, plans, strict=True):
         if inputs is not None:
             policy.observe(row, committed[row.index])
             if not row.infill:
                 _check_stop(row, mask_id, stop_rule)
+
+
+def _attention(plans, width: int, cache, device) -> torch.Tensor | None:
+    """(B, Q, C + Q) mask over [cached slots | inputs], or None when everything is visible.
+
+    None (no padded input, no stale cache slot, every input sees every input) lets the
+    backbone skip building and applying a mask: the common case of AR and MDLM at batch 1.
+    """
+    uniform_cache = cache is None or len(set(cache.lengths_on_host)) == 1
+    if uniform_cache and all(
+        p is not None and p.attend is None and len(p.slots) == width for p in plans
+    ):
+        return None
+    attend = torch.zeros((len(plans), width, width), dtype=torch.bool)
+    for b, inputs in enumerate(plans):
+        if inputs is not None:
+            q = len(inputs.slots)
+            attend[b, :q, :q] = True if inputs.attend is None else inputs.attend
+    attend = attend.to(device)
+    if cache is not None and cache.width > 0:
+        cached = cache.key_valid()[:, None, :].expand(-1, width, -1)  # (B, Q, C)
+        attend = torch.cat([cached, attend], dim=-1)  # (B, Q, C + Q)
+    return attend
 
 
 def _crop_cache(cache, policy, plans, max_tokens: int) -> None:

@@ -8,9 +8,11 @@ MASKED_LOGIT = -1e12  # the official value: large enough to vanish in float32 so
 
 
 def probabilities(logits: torch.Tensor, mask_token_id: int | None) -> torch.Tensor:
-    """(B, D, V) logits -> probabilities, with the mask token excluded as a prediction."""
+    """(B, D, V) logits -> probabilities, with the mask token excluded as a prediction.
+
+    Writes into ``logits``: callers pass a tensor of their own (gathered target rows).
+    """
     if mask_token_id is not None:
-        logits = logits.clone()
         logits[..., mask_token_id] = MASKED_LOGIT
     return torch.softmax(logits.float(), dim=-1)
 

@@ -1,0 +1,180 @@
+"""Decoding benchmark: the four families on one tiny backbone, same prompts, same engine.
+
+Reports, per family and confidence threshold τ: tokens/s, counted NFE, parallelism factor,
+mean time per backbone forward, and the engine overhead, the share of decoding wall time spent
+outside backbone forwards. Figures are medians over repeats after one warm-up run; compare
+them within one run (absolute CPU speed drifts between minutes on shared machines).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+import torch
+
+from setdlm.core.decoding import DecodeConfig
+from setdlm.core.family import ModelConfig
+from setdlm.core.schedules import LinearSchedule, StaggeredSchedule
+from setdlm.registry import build_model
+
+FAMILIES = ("ar", "mdlm", "bd3lm", "setdlm")
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    backbone: str = "qwen3"  # the NOTES comparison: Qwen3-style 4 x 256, vocab 2048, length 256
+    num_layers: int = 4
+    hidden_size: int = 256
+    vocab_size: int = 2048
+    length: int = 256
+    prompt_tokens: int = 32
+    new_tokens: int = 128
+    batch_size: int = 1
+    thresholds: tuple[float, ...] = (1e6, 0.9)
+    block_size: int = 4  # BD3LM S; SetDLM d = S, M = 2S, W = d
+    mdlm_block: int = 32
+    repeats: int = 3
+    sharpness: float = 4.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    family: str
+    threshold: float
+    tokens_per_second: float
+    nfe: int
+    parallelism: float
+    forward_ms: float
+    overhead: float
+
+    def line(self) -> str:
+        return (
+            f"{self.family:7s} {self.threshold:8.3g} {self.tokens_per_second:10.1f} "
+            f"{self.nfe:6d} {self.parallelism:8.2f} {self.forward_ms:10.3f} "
+            f"{100 * self.overhead:9.1f}%"
+        )
+
+
+HEADER = (
+    f"{'family':7s} {'tau':>8s} {'tok/s':>10s} {'NFE':>6s} {'parallel':>8s} "
+    f"{'fwd ms':>10s} {'overhead':>10s}"
+)
+
+
+def bench_model(family: str, settings: BenchSettings):
+    """A randomly initialized model whose predictions are peaked enough for τ to matter."""
+    torch.manual_seed(settings.seed)
+    model = build_model(_config(family, settings))
+    generator = torch.Generator().manual_seed(settings.seed)
+    with torch.no_grad():
+        for name, parameter in sorted(model.named_parameters()):
+            if parameter.ndim >= 2:
+                scale = 3.0 / math.sqrt(parameter.shape[-1])
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * scale)
+            elif "norm" in name:
+                parameter.fill_(1.0)
+        # A larger final-norm gain sharpens the output distribution, so that confidences span
+        # the τ grid as a trained model's do (random weights alone give near-uniform ones).
+        final_norm = dict(model.named_parameters()).get(
+            "backbone.model.model.norm.weight",
+            dict(model.named_parameters()).get("backbone.output_layer.norm_final.weight"),
+        )
+        final_norm.fill_(settings.sharpness)
+    return model.eval()
+
+
+def _config(family: str, settings: BenchSettings) -> ModelConfig:
+    vocab, length = settings.vocab_size, settings.length
+    if settings.backbone == "qwen3":
+        heads = max(1, settings.hidden_size // 64)
+        backbone = {
+            "architecture": {
+                "model_type": "qwen3",
+                "vocab_size": vocab,
+                "hidden_size": settings.hidden_size,
+                "intermediate_size": 3 * settings.hidden_size,
+                "num_hidden_layers": settings.num_layers,
+                "num_attention_heads": heads,
+                "num_key_value_heads": max(1, heads // 2),
+                "head_dim": 64,
+                "max_position_embeddings": 2 * length,
+                "rms_norm_eps": 1e-6,
+                "rope_theta": 1e6,
+                "tie_word_embeddings": True,
+            },
+            "use_causal_mask": family == "ar",
+            "attn_implementation": "sdpa",
+        }
+    else:
+        backbone = {
+            "vocab_size": vocab,
+            "hidden_size": settings.hidden_size,
+            "n_heads": max(1, settings.hidden_size // 64),
+            "num_layers": settings.num_layers,
+            "cond_dim": 128,
+            "dropout": 0.0,
+            "adaln": False,
+            "length": length,
+        }
+    schedule = {
+        "mdlm": LinearSchedule(),
+        "bd3lm": LinearSchedule(),
+        "setdlm": StaggeredSchedule.from_sizes(N=length, d=settings.block_size),
+    }.get(family)
+    return ModelConfig(
+        family=family,
+        length=length,
+        vocab_size=vocab,
+        mask_token_id=vocab - 1,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        backbone_kind=settings.backbone,
+        backbone=backbone,
+        block_size=settings.block_size if family == "bd3lm" else None,
+        schedule=schedule,
+    )
+
+
+def bench_decode(settings: BenchSettings = BenchSettings(), log=print) -> list[BenchRow]:
+    generator = torch.Generator().manual_seed(settings.seed + 1)
+    prompts = torch.randint(
+        3,
+        settings.vocab_size - 1,
+        (settings.batch_size, settings.prompt_tokens),
+        generator=generator,
+    )
+    prompts[:, 0] = 1  # BOS
+    rows = []
+    log(HEADER)
+    for family in FAMILIES:
+        model = bench_model(family, settings)
+        thresholds = (1e6,) if family == "ar" else settings.thresholds
+        for threshold in thresholds:
+            config = DecodeConfig(
+                max_new_tokens=settings.new_tokens,
+                confidence_threshold=threshold,
+                block_size=settings.mdlm_block if family == "mdlm" else None,
+            )
+            runs = [model.generate(prompts.tolist(), config) for _ in range(settings.repeats + 1)]
+            runs = runs[1:]  # the first run warms up allocators and kernels
+            wall = statistics.median(r.wall_seconds for r in runs)
+            forward = statistics.median(r.forward_seconds for r in runs)
+            tokens = sum(runs[0].num_generated)
+            row = BenchRow(
+                family=family,
+                threshold=threshold,
+                tokens_per_second=tokens / wall,
+                nfe=runs[0].nfe,
+                parallelism=statistics.mean(runs[0].parallelism),
+                forward_ms=1000 * forward / runs[0].nfe,
+                overhead=statistics.median(
+                    (r.wall_seconds - r.forward_seconds) / r.wall_seconds for r in runs
+                ),
+            )
+            rows.append(row)
+            log(row.line())
+    return rows

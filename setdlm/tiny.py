@@ -1,0 +1,237 @@
+"""The embedded default job: train the four tiny families on WikiText-2 and decode with each.
+
+Everything runs on a laptop CPU in a few minutes and goes through the same code as the paper's
+runs: a byte-level BPE trained on the data, the shared trainer (resumable: rerunning the job
+continues where it stopped and skips finished families), held-out likelihood before and after
+training, our model folders, and the shared decoding engine with counted NFE and parallelism.
+Results land in ``<out>/<family>/`` (metrics.json, samples.jsonl, model/) and ``<out>/summary.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from setdlm.checkpoints import load_model, save_model
+from setdlm.core.decoding import DecodeConfig
+from setdlm.core.family import ModelConfig
+from setdlm.core.schedules import LinearSchedule, StaggeredSchedule
+from setdlm.data.loader import collate
+from setdlm.data.text import ChunkedLMDataset, load_wikitext2
+from setdlm.data.tokenizers import SpecialTokens, load_tokenizer, train_bpe_tokenizer
+from setdlm.files import atomic_write_json, atomic_write_text
+from setdlm.likelihood import evaluate_likelihood
+from setdlm.registry import build_model
+from setdlm.train import TrainConfig, latest_checkpoint, load_weights, train
+
+FAMILIES = ("ar", "mdlm", "bd3lm", "setdlm")
+
+
+@dataclass(frozen=True)
+class TinySettings:
+    length: int = 64
+    vocab_size: int = 512
+    hidden_size: int = 128
+    n_heads: int = 4
+    num_layers: int = 2
+    steps: int = 400
+    batch_size: int = 16
+    lr: float = 2e-3
+    warmup_steps: int = 20
+    ema_decay: float = 0.98
+    block_size: int = 4  # BD3LM S; SetDLM uses d = S and smax M = 2S (the paper's pairing)
+    prompt_tokens: int = 16
+    new_tokens: int = 32
+    num_prompts: int = 4
+    thresholds: tuple[float, ...] = (1e6, 0.5)
+    seed: int = 0
+
+
+def model_config(family: str, tokenizer, settings: TinySettings) -> ModelConfig:
+    schedule = None
+    if family in ("mdlm", "bd3lm"):
+        schedule = LinearSchedule()
+    elif family == "setdlm":
+        schedule = StaggeredSchedule.from_sizes(N=settings.length, d=settings.block_size)
+    backbone = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": settings.hidden_size,
+        "n_heads": settings.n_heads,
+        "num_layers": settings.num_layers,
+        "cond_dim": settings.hidden_size // 2,
+        "dropout": 0.0,
+        "adaln": family in ("mdlm", "bd3lm"),  # the LM1B recipe (conditioned on sigma = 0)
+        "length": settings.length,
+        "causal_attention": family == "ar",
+    }
+    return ModelConfig(
+        family=family,
+        length=settings.length,
+        vocab_size=len(tokenizer),
+        mask_token_id=tokenizer.mask_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        backbone_kind="dit",
+        backbone=backbone,
+        block_size=settings.block_size if family == "bd3lm" else None,
+        schedule=schedule,
+        keep_clean_bos=family != "ar",  # chunks start with BOS, as in the LM1B/OWT runs
+    )
+
+
+def run_tiny(
+    out: str | Path,
+    settings: TinySettings = TinySettings(),
+    families: tuple[str, ...] = FAMILIES,
+    log=print,
+) -> dict:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    texts = load_wikitext2()
+    tokenizer = _tokenizer(out / "tokenizer", texts.train, settings)
+    train_set = ChunkedLMDataset(texts.train, tokenizer, settings.length)
+    heldout = ChunkedLMDataset(texts.heldout, tokenizer, settings.length)
+    log(
+        f"WikiText-2: {len(train_set)} training chunks, {len(heldout)} held-out chunks of "
+        f"{settings.length} tokens; BPE vocabulary {len(tokenizer)}"
+    )
+    summary = {}
+    for family in families:
+        summary[family] = _run_family(
+            family, out / family, tokenizer, train_set, heldout, settings, log
+        )
+    atomic_write_json(out / "summary.json", summary)
+    table = summary_table(summary)
+    atomic_write_text(out / "summary.md", table + "\n")
+    log(table)
+    return summary
+
+
+def _tokenizer(folder: Path, documents, settings: TinySettings):
+    if (folder / "tokenizer.json").exists():
+        return load_tokenizer(folder)
+    return train_bpe_tokenizer(documents, settings.vocab_size, SpecialTokens(), folder)
+
+
+def _run_family(family, folder, tokenizer, train_set, heldout, settings, log) -> dict:
+    metrics_path = folder / "metrics.json"
+    if metrics_path.exists():
+        log(f"[{family}] already done: {metrics_path}")
+        return json.loads(metrics_path.read_text())
+    torch.manual_seed(settings.seed)
+    config = model_config(family, tokenizer, settings)
+    model = build_model(config)
+    eval_batches = [
+        collate([heldout[i] for i in range(start, min(start + 16, len(heldout)))])
+        for start in range(0, len(heldout), 16)
+    ]
+    before = evaluate_likelihood(model, eval_batches, seed=1234, tokenizer=tokenizer)
+    train_config = TrainConfig(
+        max_steps=settings.steps,
+        batch_size=settings.batch_size,
+        lr=settings.lr,
+        warmup_steps=settings.warmup_steps,
+        schedule="cosine",
+        final_lr_fraction=0.1,
+        ema_decay=settings.ema_decay,
+        checkpoint_every=max(1, settings.steps // 4),
+        log_every=10,
+        seed=settings.seed,
+    )
+    started = time.perf_counter()
+    result = train(model, train_set, train_config, folder / "train")
+    train_seconds = time.perf_counter() - started
+    load_weights(model, latest_checkpoint(folder / "train" / "checkpoints"), use_ema=True)
+    after = evaluate_likelihood(model, eval_batches, seed=1234, tokenizer=tokenizer)
+    save_model(model, folder / "model")
+    model = load_model(folder / "model")  # decode what was saved, as any user would
+    losses = [json.loads(line) for line in result.losses_path.read_text().splitlines()]
+    log(
+        f"[{family}] held-out {before.measured}: {before.nll:.3f} -> {after.nll:.3f} nats/token "
+        f"({settings.steps} steps, {train_seconds:.0f} s)"
+    )
+    decoding, samples = _decode(family, model, tokenizer, heldout, settings)
+    atomic_write_text(
+        folder / "samples.jsonl", "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples)
+    )
+    metrics = {
+        "family": family,
+        "model_config_digest": config.digest(),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "train": {
+            "steps": result.final_step,
+            "seconds": round(train_seconds, 2),
+            "first_logged_loss": losses[0]["loss"],
+            "last_logged_loss": losses[-1]["loss"],
+        },
+        "heldout_before": before.to_dict(),
+        "heldout_after": after.to_dict(),
+        "decoding": decoding,
+    }
+    atomic_write_json(metrics_path, metrics)
+    return metrics
+
+
+def _decode(family, model, tokenizer, heldout, settings):
+    prompts = [
+        heldout[i]["input_ids"][: settings.prompt_tokens].tolist()
+        for i in range(min(settings.num_prompts, len(heldout)))
+    ]
+    base = DecodeConfig(
+        max_new_tokens=settings.new_tokens,
+        eos_token_ids=(tokenizer.eos_token_id,),
+        block_size=8 if family == "mdlm" else None,
+    )
+    thresholds = (1e6,) if family == "ar" else settings.thresholds
+    decoding, samples = [], []
+    for threshold in thresholds:
+        config = replace(base, confidence_threshold=threshold)
+        output = model.generate(prompts, config)
+        tokens = sum(output.num_generated)
+        decoding.append(
+            {
+                "confidence_threshold": threshold,
+                "generated_tokens": tokens,
+                "nfe": output.nfe,
+                "parallelism": sum(output.parallelism) / len(output.parallelism),
+                "seconds": round(output.wall_seconds, 4),
+                "tokens_per_second": round(tokens / output.wall_seconds, 1),
+                "seconds_in_forwards": round(output.forward_seconds, 4),
+            }
+        )
+        for prompt, new in zip(prompts, output.new_token_ids, strict=True):
+            samples.append(
+                {
+                    "family": family,
+                    "confidence_threshold": threshold,
+                    "prompt": tokenizer.decode(prompt[1:]),
+                    "output": tokenizer.decode(new),
+                    "new_token_ids": new,
+                }
+            )
+    return decoding, samples
+
+
+def summary_table(summary: dict) -> str:
+    lines = [
+        "| family | held-out NLL before | after | measured "
+        "| decoding (τ: tok/s, NFE, parallelism) |",
+        "|---|---|---|---|---|",
+    ]
+    for family, metrics in summary.items():
+        runs = "; ".join(
+            f"{d['confidence_threshold']:g}: {d['tokens_per_second']}, {d['nfe']}, "
+            f"{d['parallelism']:.2f}"
+            for d in metrics["decoding"]
+        )
+        lines.append(
+            f"| {family} | {metrics['heldout_before']['nll']:.3f} | "
+            f"{metrics['heldout_after']['nll']:.3f} | {metrics['heldout_after']['measured']} | "
+            f"{runs} |"
+        )
+    return "\n".join(lines)
