@@ -112,10 +112,7 @@ class SlidingWindowPolicy(OrderPolicy):
             if self.first_hitting_times is not None:
                 times = list(self.first_hitting_times[row.index])
             else:
-                generator = row.generator or torch.Generator().manual_seed(0)
-                times = self.family.config.schedule.first_hitting_times(
-                    1, generator=generator, length=len(row.generated)
-                )[0].tolist()
+                times = self._sample_hitting_times(len(row.generated), row.generator)
             hitting = dict(zip(row.generated, times, strict=True))
         row.policy = SimpleNamespace(
             pending=[],  # committed at the previous step, not cached yet
@@ -124,6 +121,21 @@ class SlidingWindowPolicy(OrderPolicy):
             per_step=tokens_per_step(len(row.generated), self.config.num_steps),
             hitting=hitting,
         )
+
+    def _sample_hitting_times(self, count: int, generator) -> list[float]:
+        """First-hitting times of ``count`` generated positions, drawn from the schedule.
+
+        A generation longer than the schedule's N positions gets one draw per span of N,
+        each span shifted one unit of time later, so that spans keep their left-to-right order.
+        """
+        schedule = self.family.config.schedule
+        generator = generator or torch.Generator().manual_seed(0)
+        times = []
+        for span, start in enumerate(range(0, count, schedule.N)):
+            length = min(schedule.N, count - start)
+            draw = schedule.first_hitting_times(1, generator=generator, length=length)[0]
+            times += (draw - span).tolist()
+        return times
 
     def prefill(self, row: RowState) -> RowInputs | None:
         """Cache every visible token (prompt, or both infilling contexts) causally in order."""

@@ -87,4 +87,3 @@ def test_tiny_job_trains_every_family_and_its_loss_clearly_drops(tmp_path, capsy
     capsys.readouterr()
     run_tiny(tmp_path, settings)
     assert capsys.readouterr().out.count("already done") == len(FAMILIES)
-
