@@ -66,4 +66,3 @@ class NextTokenPolicy(OrderPolicy):
 
     def observe(self, row: RowState, committed: list[int]) -> None:
         del row, committed  # the next position follows from the committed count
-

@@ -8,15 +8,14 @@ them within one run (absolute CPU speed drifts between minutes on shared machine
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass
 
 import torch
 
 from setdlm.core.decoding import DecodeConfig
-from setdlm.core.family import ModelConfig
-from setdlm.core.schedules import LinearSchedule, StaggeredSchedule
+from setdlm.core.family import ModelConfig, default_schedule
+from setdlm.core.random_weights import redraw_weights
 from setdlm.registry import build_model
 
 FAMILIES = ("ar", "mdlm", "bd3lm", "setdlm")
@@ -67,15 +66,8 @@ HEADER = (
 def bench_model(family: str, settings: BenchSettings):
     """A randomly initialized model whose predictions are peaked enough for τ to matter."""
     torch.manual_seed(settings.seed)
-    model = build_model(_config(family, settings))
-    generator = torch.Generator().manual_seed(settings.seed)
+    model = redraw_weights(build_model(_config(family, settings)), settings.seed, gain=3.0)
     with torch.no_grad():
-        for name, parameter in sorted(model.named_parameters()):
-            if parameter.ndim >= 2:
-                scale = 3.0 / math.sqrt(parameter.shape[-1])
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * scale)
-            elif "norm" in name:
-                parameter.fill_(1.0)
         # A larger final-norm gain sharpens the output distribution, so that confidences span
         # the τ grid as a trained model's do (random weights alone give near-uniform ones).
         final_norm = dict(model.named_parameters()).get(
@@ -119,11 +111,7 @@ def _config(family: str, settings: BenchSettings) -> ModelConfig:
             "adaln": False,
             "length": length,
         }
-    schedule = {
-        "mdlm": LinearSchedule(),
-        "bd3lm": LinearSchedule(),
-        "setdlm": StaggeredSchedule.from_sizes(N=length, d=settings.block_size),
-    }.get(family)
+    schedule = default_schedule(family, length, settings.block_size)
     return ModelConfig(
         family=family,
         length=length,

@@ -18,8 +18,7 @@ import torch
 
 from setdlm.checkpoints import load_model, save_model
 from setdlm.core.decoding import DecodeConfig
-from setdlm.core.family import ModelConfig
-from setdlm.core.schedules import LinearSchedule, StaggeredSchedule
+from setdlm.core.family import ModelConfig, default_schedule
 from setdlm.data.loader import collate
 from setdlm.data.text import ChunkedLMDataset, load_wikitext2
 from setdlm.data.tokenizers import SpecialTokens, load_tokenizer, train_bpe_tokenizer
@@ -52,11 +51,6 @@ class TinySettings:
 
 
 def model_config(family: str, tokenizer, settings: TinySettings) -> ModelConfig:
-    schedule = None
-    if family in ("mdlm", "bd3lm"):
-        schedule = LinearSchedule()
-    elif family == "setdlm":
-        schedule = StaggeredSchedule.from_sizes(N=settings.length, d=settings.block_size)
     backbone = {
         "vocab_size": len(tokenizer),
         "hidden_size": settings.hidden_size,
@@ -79,7 +73,7 @@ def model_config(family: str, tokenizer, settings: TinySettings) -> ModelConfig:
         backbone_kind="dit",
         backbone=backbone,
         block_size=settings.block_size if family == "bd3lm" else None,
-        schedule=schedule,
+        schedule=default_schedule(family, settings.length, settings.block_size),
         keep_clean_bos=family != "ar",  # chunks start with BOS, as in the LM1B/OWT runs
     )
 

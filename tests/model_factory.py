@@ -1,17 +1,14 @@
 """Tiny, randomly initialized models of every family and backbone, for CPU tests.
 
-Weights are redrawn with a fixed seed and a scale that gives peaked, varied predictions (the
-official zero-initialized output layer would make every logit 0 and every decision a tie).
+Weights are redrawn with a fixed seed (see ``setdlm.core.random_weights``).
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from setdlm.core.family import ModelConfig
-from setdlm.core.schedules import LinearSchedule, StaggeredSchedule
+from setdlm.core.family import ModelConfig, default_schedule
+from setdlm.core.random_weights import redraw_weights
 from setdlm.registry import build_model
 
 VOCAB, MASK, PAD, BOS, EOS = 64, 63, 0, 1, 2
@@ -58,11 +55,6 @@ def backbone_settings(kind: str, family: str, length: int) -> dict:
 
 
 def tiny_config(family: str, backbone: str = "dit", length: int = 32, **changes) -> ModelConfig:
-    schedule = None
-    if family in ("mdlm", "bd3lm"):
-        schedule = LinearSchedule()
-    elif family == "setdlm":
-        schedule = StaggeredSchedule.from_sizes(N=length, d=4, M=8)
     values = dict(
         family=family,
         length=length,
@@ -74,7 +66,7 @@ def tiny_config(family: str, backbone: str = "dit", length: int = 32, **changes)
         backbone_kind=backbone,
         backbone=backbone_settings(backbone, family, length),
         block_size=4 if family == "bd3lm" else None,
-        schedule=schedule,
+        schedule=default_schedule(family, length, block_size=4),
     )
     values.update(changes)
     return ModelConfig(**values)
@@ -82,16 +74,7 @@ def tiny_config(family: str, backbone: str = "dit", length: int = 32, **changes)
 
 def tiny_model(family: str, backbone: str = "dit", seed: int = 0, **changes):
     torch.manual_seed(seed)
-    model = build_model(tiny_config(family, backbone, **changes))
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in sorted(model.named_parameters()):
-            if parameter.ndim >= 2:
-                scale = 1.0 / math.sqrt(parameter.shape[-1])
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * scale)
-            elif "norm" in name:
-                parameter.fill_(1.0)
-    return model.eval()
+    return redraw_weights(build_model(tiny_config(family, backbone, **changes)), seed).eval()
 
 
 def prompts(count: int, seed: int = 0, lengths=(3, 6, 5, 8)) -> list[list[int]]:

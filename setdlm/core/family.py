@@ -170,6 +170,16 @@ class Family(nn.Module):
         return input_ids, attention, context
 
 
+def default_schedule(family: str, length: int, block_size: int):
+    """The schedule of the paper's pairing: linear for MDLM/BD3LM, staggered with d = S and
+    smax M = 2S for SetDLM (so SetDLM-smax2S is compared with BD3LM-S), none for AR."""
+    if family in ("mdlm", "bd3lm"):
+        return LinearSchedule()
+    if family == "setdlm":
+        return StaggeredSchedule.from_sizes(N=length, d=block_size)
+    return None
+
+
 def subs_log_probs(logits: torch.Tensor, noisy_ids: torch.Tensor, mask_token_id: int):
     """SUBS parameterization (MDLM): never predict the mask token, and copy unmasked inputs.
 
