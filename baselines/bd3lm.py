@@ -120,13 +120,11 @@ class BlockCachePolicy(OrderPolicy):
         state.sending_pending = bool(pending)
         state.cache_only = bool(pending) and not self.config.fused_block_cache
         if state.cache_only:
-            return RowInputs(
-                pending, torch.ones(len(pending), len(pending), dtype=torch.bool), len(pending)
-            )
+            return RowInputs(pending, None, len(pending))  # a finished block sees itself whole
         block = state.blocks[state.current]
         mask_id = self.family.config.mask_token_id
         attend = masks.clean_then_noisy_mask(
-            torch.ones(len(pending), len(pending), dtype=torch.bool), len(block), True
+            len(pending), len(block), clean_causal=False, noisy_see_each_other=True
         )
         targets = [(len(pending) + i, s) for i, s in enumerate(block) if row.tokens[s] == mask_id]
         return RowInputs(pending + block, attend, len(pending), targets, k=_step_quota(state))

@@ -163,7 +163,7 @@ class SlidingWindowPolicy(OrderPolicy):
                 active.append(slot)
         pending = state.pending
         attend = masks.clean_then_noisy_mask(
-            masks.causal_mask(len(pending)), len(active), noisy_see_each_other=False
+            len(pending), len(active), clean_causal=True, noisy_see_each_other=False
         )
         targets = [(len(pending) + i, slot) for i, slot in enumerate(active)]
         quota = state.per_step[state.step] if state.step < len(state.per_step) else 1

@@ -358,7 +358,7 @@ def test_cache_with_permuted_positions_reproduces_setdlm_forward(parity_dir):
         query_mask = torch.ones(1, 1, cache.width + 1, dtype=torch.bool)
         query_mask[0, 0, -2] = False  # the x_t query of the last position skips its clean token
         before = model(query_ids, query_pos, query_mask, cache=cache)
-        cache.discard_stash()
+        cache.commit_prefix([0], query_pos)  # drop the query: nothing is kept
         reverse = torch.arange(length - 1, -1, -1)
         for layer in range(model.num_layers):
             keys, values = cache.read(layer)

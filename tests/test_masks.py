@@ -70,8 +70,7 @@ def test_padding_blocks_padded_queries_and_keys():
 
 
 def test_clean_then_noisy_decode_mask():
-    causal = masks.causal_mask(2)
-    mask = masks.clean_then_noisy_mask(causal, num_noisy=3, noisy_see_each_other=False)
+    mask = masks.clean_then_noisy_mask(2, 3, clean_causal=True, noisy_see_each_other=False)
     expected = torch.tensor(
         [
             [1, 0, 0, 0, 0],
@@ -83,7 +82,7 @@ def test_clean_then_noisy_decode_mask():
         dtype=torch.bool,
     )
     assert torch.equal(mask, expected)
-    block = masks.clean_then_noisy_mask(torch.ones(2, 2, dtype=torch.bool), 2, True)
+    block = masks.clean_then_noisy_mask(2, 2, clean_causal=False, noisy_see_each_other=True)
     expected_block = torch.tensor(
         [[1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.bool
     )

@@ -4,15 +4,19 @@ Each sequence of a batch keeps its own number of cached tokens, because families
 different number of tokens per step (SetDLM commits every token above the confidence threshold,
 so two sequences of one batch diverge after the first step). Keys and values live in
 preallocated buffers of shape (B, H, capacity, D); ``lengths[b]`` says how many leading slots of
-row b hold committed tokens. Slots past a row's length hold stale data and are hidden from
-attention by ``key_valid``.
+row b hold committed tokens. ``width`` is the longest row's length; slots of a row between its
+length and ``width`` are stale and hidden from attention by ``key_valid``.
 
 A forward with a cache works in two phases:
-1. the backbone reads the committed keys/values of each layer (``read``) and attends over
-   [committed slots | the new inputs]; it hands the new inputs' keys/values to ``stash``;
-2. the decoding engine decides which of the new inputs become committed (``commit``); the rest
-   (mask-token queries) are dropped. Keys are stored after RoPE, so slot order never matters
-   for attention; the original positions are kept only to crop by position.
+1. in every layer the backbone hands its Q new keys/values to ``extend``, which writes them
+   into slots [width, width + Q) of the buffer and returns the view [0, width + Q): attention
+   runs over [committed slots | new inputs] without concatenating anything;
+2. the decoding engine then decides which inputs become committed (``commit_prefix`` or
+   ``commit``). A row whose length equals ``width`` keeps its first inputs where they already
+   are, so the usual decoding step copies nothing; other rows move their kept inputs down to
+   their own length. Inputs not kept (mask-token queries) are simply left beyond the length.
+Keys are stored after RoPE, so slot order never matters for attention; original positions are
+kept only to crop by position.
 """
 
 from __future__ import annotations
@@ -31,9 +35,9 @@ class KVCache:
         self._host_lengths = [0] * batch_size
         self._key_valid: torch.Tensor | None = None
         self.positions = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)
-        self._keys: list[torch.Tensor | None] = [None] * num_layers  # (B, H, cap, D)
+        self._keys: list[torch.Tensor | None] = [None] * num_layers  # (B, H, capacity, D)
         self._values: list[torch.Tensor | None] = [None] * num_layers
-        self._stash: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_layers
+        self._staged = 0  # inputs written after ``width`` by the last forward
 
     # ----------------------------------------------------------------- reading
     @property
@@ -42,7 +46,7 @@ class KVCache:
 
     @property
     def width(self) -> int:
-        """Number of key slots a forward attends over: the longest row's length."""
+        """Number of key slots before a forward's own inputs: the longest row's length."""
         return max(self._host_lengths, default=0)
 
     def key_valid(self) -> torch.Tensor:
@@ -58,82 +62,62 @@ class KVCache:
 
     def read(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Committed (keys, values) of a layer, each (B, H, width, D); None when empty."""
-        keys, values = self._keys[layer], self._values[layer]
-        if keys is None or self.width == 0:
+        width = self.width
+        if self._keys[layer] is None or width == 0:
             return None
-        return keys[:, :, : self.width], values[:, :, : self.width]
+        return self._keys[layer][:, :, :width], self._values[layer][:, :, :width]
 
     # ----------------------------------------------------------------- writing
-    def stash(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Hold the (B, H, Q, D) keys/values of the current forward's inputs until ``commit``."""
-        self._stash[layer] = (keys, values)
-
-    def commit(self, keep: torch.Tensor, positions: torch.Tensor) -> None:
-        """Append the stashed inputs selected by ``keep`` and drop the rest.
-
-        keep: (B, Q) bool, which inputs of the last forward become cached, appended in input
-        order after each row's current length. positions: (B, Q) original positions.
-        """
-        if any(s is None for s in self._stash):
-            raise RuntimeError("commit() without a preceding forward that stashed every layer")
-        keep = keep.to(self.device, torch.bool)
-        rows, cols = keep.nonzero(as_tuple=True)
-        if rows.numel() == 0:
-            self.discard_stash()
-            return
-        added = keep.sum(dim=1)  # (B,)
-        new_lengths = self.lengths + added
-        self._ensure_capacity(int(new_lengths.max()))
-        # destination slot of each kept input: its row's length + its rank among kept inputs
-        rank = torch.cumsum(keep.long(), dim=1) - 1  # (B, Q)
-        slots = self.lengths[rows] + rank[rows, cols]
-        for layer, (keys, values) in enumerate(self._stash):
-            self._keys[layer][rows, :, slots] = keys[rows, :, cols]
-            self._values[layer][rows, :, slots] = values[rows, :, cols]
-        self.positions[rows, slots] = positions.to(self.device)[rows, cols]
-        self._set_lengths(new_lengths.tolist())
-        self.discard_stash()
+    def extend(
+        self, layer: int, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write a layer's (B, H, Q, D) new keys/values after ``width``; return both buffers'
+        views over [0, width + Q), the keys the forward's queries attend over."""
+        width, count = self.width, keys.shape[2]
+        self._ensure_capacity(layer, width + count, keys)
+        key_buffer, value_buffer = self._keys[layer], self._values[layer]
+        key_buffer[:, :, width : width + count] = keys
+        value_buffer[:, :, width : width + count] = values
+        self._staged = count
+        return key_buffer[:, :, : width + count], value_buffer[:, :, : width + count]
 
     def commit_prefix(self, counts: list[int], positions: torch.Tensor) -> None:
-        """``commit`` for the common case: row b keeps its first ``counts[b]`` inputs.
+        """Row b keeps the first ``counts[b]`` inputs of the last forward (the decoding case).
 
-        Decoding commits a prefix every step, so this path copies slices (one copy per layer
-        when every row has the same length and count) instead of scattering by index.
+        positions: (B, Q) original positions of those inputs.
         """
-        if not any(counts):
-            self.discard_stash()
-            return
-        lengths = self._host_lengths
-        new_lengths = [length + count for length, count in zip(lengths, counts, strict=True)]
-        self._ensure_capacity(max(new_lengths))
+        self._check_staged(max(counts, default=0))
+        width = self.width
         positions = positions.to(self.device)
-        if len(set(lengths)) == 1 and len(set(counts)) == 1:
-            spans = [(slice(None), lengths[0], counts[0])]
-        else:
-            spans = [(b, lengths[b], count) for b, count in enumerate(counts) if count]
-        for layer, (keys, values) in enumerate(self._stash):
-            for rows, start, count in spans:
-                self._keys[layer][rows, :, start : start + count] = keys[rows, :, :count]
-                self._values[layer][rows, :, start : start + count] = values[rows, :, :count]
-        for rows, start, count in spans:
-            self.positions[rows, start : start + count] = positions[rows, :count]
-        self._set_lengths(new_lengths)
-        self.discard_stash()
+        self._ensure_position_capacity(width + positions.shape[1])
+        self.positions[:, width : width + positions.shape[1]] = positions
+        for b, count in enumerate(counts):
+            if count and self._host_lengths[b] != width:
+                self._move(b, torch.arange(width, width + count, device=self.device))
+        self._set_lengths(
+            [length + n for length, n in zip(self._host_lengths, counts, strict=True)]
+        )
 
-    def _set_lengths(self, lengths: list[int]) -> None:
-        self._host_lengths = list(lengths)
-        self.lengths = torch.tensor(lengths, dtype=torch.long, device=self.device)
-        self._key_valid = None
-
-    def discard_stash(self) -> None:
-        """Forget the last forward's inputs without caching any of them."""
-        self._stash = [None] * self.num_layers
+    def commit(self, keep: torch.Tensor, positions: torch.Tensor) -> None:
+        """Row b keeps the inputs where ``keep[b]`` (B, Q) is True, appended in input order."""
+        self._check_staged(keep.shape[1] if keep.any() else 0)
+        width = self.width
+        positions = positions.to(self.device)
+        self._ensure_position_capacity(width + positions.shape[1])
+        self.positions[:, width : width + positions.shape[1]] = positions
+        counts = keep.sum(dim=1).tolist()
+        for b, row_keep in enumerate(keep.to(self.device).bool()):
+            if counts[b]:
+                self._move(b, width + row_keep.nonzero().squeeze(1))
+        self._set_lengths(
+            [length + n for length, n in zip(self._host_lengths, counts, strict=True)]
+        )
 
     def keep_slots(self, keep: torch.Tensor) -> None:
         """Keep only the cached slots selected by ``keep`` (B, width) bool, compacted in order.
 
-        The families use it to crop: drop the oldest slots (left crop) or the smallest
-        original positions, when the cache would outgrow the model length.
+        The engine uses it to crop: drop the oldest slots (left crop) or the smallest original
+        positions, when the cache would outgrow the model length.
         """
         width = self.width
         keep = keep[:, :width] & self.key_valid()
@@ -148,18 +132,45 @@ class KVCache:
         self.positions[:, :width] = torch.gather(self.positions[:, :width], 1, order)
         self._set_lengths(keep.sum(dim=1).tolist())
 
-    def _ensure_capacity(self, needed: int) -> None:
-        capacity = self.positions.shape[1]
+    # ----------------------------------------------------------------- internals
+    def _move(self, row: int, sources: torch.Tensor) -> None:
+        """Copy row ``row``'s slots ``sources`` to just after its committed length."""
+        start = self._host_lengths[row]
+        targets = torch.arange(start, start + len(sources), device=self.device)
+        for layer in range(self.num_layers):
+            for buffer in (self._keys[layer], self._values[layer]):
+                buffer[row, :, targets] = buffer[row, :, sources]
+        self.positions[row, targets] = self.positions[row, sources]
+
+    def _check_staged(self, needed: int) -> None:
+        if needed > self._staged:
+            raise RuntimeError(
+                f"commit of {needed} inputs but the last forward extended the cache with "
+                f"{self._staged}"
+            )
+
+    def _set_lengths(self, lengths: list[int]) -> None:
+        self._host_lengths = list(lengths)
+        self.lengths = torch.tensor(lengths, dtype=torch.long, device=self.device)
+        self._key_valid = None
+        self._staged = 0
+
+    def _ensure_capacity(self, layer: int, needed: int, like: torch.Tensor) -> None:
+        buffer = self._keys[layer]
+        capacity = 0 if buffer is None else buffer.shape[2]
         if needed <= capacity:
             return
-        new_capacity = max(needed, 2 * capacity, 16)
-        for layer, (keys, _) in enumerate(self._stash):
-            heads, head_dim = keys.shape[1], keys.shape[3]
-            for store in (self._keys, self._values):
-                grown = keys.new_zeros(self.batch_size, heads, new_capacity, head_dim)
-                if store[layer] is not None:
-                    grown[:, :, :capacity] = store[layer]
-                store[layer] = grown
-        grown_positions = self.positions.new_zeros(self.batch_size, new_capacity)
-        grown_positions[:, :capacity] = self.positions
-        self.positions = grown_positions
+        new_capacity = max(needed, 2 * capacity, 64)
+        batch, heads, _, head_dim = like.shape
+        for store in (self._keys, self._values):
+            grown = like.new_zeros(batch, heads, new_capacity, head_dim)
+            if store[layer] is not None:
+                grown[:, :, :capacity] = store[layer]
+            store[layer] = grown
+
+    def _ensure_position_capacity(self, needed: int) -> None:
+        capacity = self.positions.shape[1]
+        if needed > capacity:
+            grown = self.positions.new_zeros(self.batch_size, max(needed, 2 * capacity, 64))
+            grown[:, :capacity] = self.positions
+            self.positions = grown

@@ -17,6 +17,8 @@ inputs of one forward (the KV cache columns are added by the engine).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -67,25 +69,24 @@ def with_padding(mask: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- decoding
+@functools.lru_cache(maxsize=4096)
 def clean_then_noisy_mask(
-    clean_causal: torch.Tensor, num_noisy: int, noisy_see_each_other: bool
+    num_clean: int, num_noisy: int, clean_causal: bool, noisy_see_each_other: bool
 ) -> torch.Tensor:
     """(C + M, C + M) mask for one forward whose inputs are C clean tokens then M noisy ones.
 
-    clean_causal: (C, C) how the clean inputs see each other (causal for SetDLM, whose newly
-    committed tokens enter the cache in order; bidirectional for a finished BD3LM block).
-    Noisy inputs see every clean input and either only themselves (SetDLM: each masked
-    position is predicted from the committed context alone) or each other (a BD3LM block).
+    Clean inputs see each other causally (SetDLM: newly committed tokens enter the cache in
+    order) or all together (BD3LM: a finished block). Noisy inputs see every clean input and
+    either only themselves (SetDLM: each masked position is predicted from the committed
+    context alone) or each other (a BD3LM block). Decoding asks for the same few shapes over
+    and over, so results are cached: treat them as read-only.
     """
-    num_clean = clean_causal.shape[0]
     total = num_clean + num_noisy
-    mask = torch.zeros(total, total, dtype=torch.bool, device=clean_causal.device)
-    mask[:num_clean, :num_clean] = clean_causal
+    mask = torch.zeros(total, total, dtype=torch.bool)
+    mask[:num_clean, :num_clean] = causal_mask(num_clean) if clean_causal else True
     mask[num_clean:, :num_clean] = True
     if noisy_see_each_other:
         mask[num_clean:, num_clean:] = True
     else:
-        mask[num_clean:, num_clean:] = torch.eye(
-            num_noisy, dtype=torch.bool, device=clean_causal.device
-        )
+        mask[num_clean:, num_clean:] = torch.eye(num_noisy, dtype=torch.bool)
     return mask

@@ -11,8 +11,9 @@ RoPE uses, so permuted orders keep their true positions), and what enters the KV
   (committed slots first, then the Q new inputs) and K = Q without one. None means every
   query attends to every key. Backbones turn it into an additive mask (0 / finfo.min), as the
   official code does, so fully masked rows (padding) give finite values instead of NaN.
-- cache: a ``KVCache``; the backbone reads each layer's committed keys/values and stashes
-  the keys/values of its Q inputs; the engine then commits the ones it keeps.
+- cache: a ``KVCache``; in each layer the backbone passes its Q inputs' keys/values to
+  ``cache.extend`` and attends over the returned [cached | new] keys; the engine then commits
+  the inputs it keeps.
 - timesteps: (B,) float noise level for time-conditioned (adaLN) backbones; zeros otherwise.
 - returns (B, Q, V) float logits over the backbone vocabulary.
 """

@@ -203,11 +203,7 @@ class DiTBlock(nn.Module):
         q, k = qk.unbind(0)  # (B, H, Q, D) each
         v = qkv[2]  # (B, H, Q, D)
         if cache is not None:
-            cache.stash(layer, k, v)
-            past = cache.read(layer)
-            if past is not None:
-                k = torch.cat((past[0], k), dim=2)  # (B, H, width + Q, D)
-                v = torch.cat((past[1], v), dim=2)
+            k, v = cache.extend(layer, k, v)  # (B, H, width + Q, D): cached slots, then ours
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5)
         attn = attn.transpose(1, 2).reshape(batch, q_len, -1)  # (B, Q, C)
         attn = self._drop(F.linear(attn, self.attn_out.weight))

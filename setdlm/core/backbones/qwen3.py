@@ -12,7 +12,7 @@ Adapting our cache to ``CacheLayerMixin`` would still pay for that mask plumbing
 and kwargs handling on every decoding step, where on CPU per-op overhead dominates. So each layer
 calls the HF submodules in the order of ``Qwen3DecoderLayer`` (input_layernorm, q/k/v projections,
 q_norm/k_norm, RoPE, attention, o_proj, post_attention_layernorm, mlp), committed keys/values come
-from ``cache.read`` and new ones go to ``cache.stash``. The RoPE cos/sin come from HF's rotary
+and new ones share one buffer through ``cache.extend``. The RoPE cos/sin come from HF's rotary
 module, tabled once per position instead of recomputed per call.
 
 Attention math, ``attn_implementation``:
@@ -275,11 +275,8 @@ class Qwen3Backbone(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         if cache is not None:
-            cache.stash(index, k, v)  # after RoPE, so cached slots never need their positions
-            committed = cache.read(index)
-            if committed is not None:
-                k = torch.cat((committed[0], k), dim=2)  # (B, Hkv, width + Q, D)
-                v = torch.cat((committed[1], v), dim=2)
+            # after RoPE, so cached slots never need their positions again
+            k, v = cache.extend(index, k, v)  # (B, Hkv, width + Q, D)
         dropout = attn.attention_dropout if self.training else 0.0
         out = self._attend(q, k, v, mask, attn.scaling, attn.num_key_value_groups, dropout)
         return attn.o_proj(out.transpose(1, 2).reshape(batch, queries, -1))  # (B, Q, H)

@@ -205,18 +205,15 @@ def _step(family, policy, rows, plans, cache, forward, config, stop_rule) -> Non
     width = max(len(p.slots) for p in plans if p is not None)
     if cache is not None:
         _crop_cache(cache, policy, plans, family.config.length)
-    batch = len(rows)
-    input_ids = torch.full((batch, width), mask_id, dtype=torch.long)
-    position_ids = torch.zeros((batch, width), dtype=torch.long)
-    num_cached = [0] * batch
+    ids, positions, num_cached = [], [], []
     for row, inputs in zip(rows, plans, strict=True):
-        if inputs is None:
-            continue
-        q = len(inputs.slots)
-        input_ids[row.index, :q] = torch.tensor([row.tokens[s] for s in inputs.slots])
-        position_ids[row.index, :q] = torch.tensor([row.positions[s] for s in inputs.slots])
-        num_cached[row.index] = inputs.num_cached
-        row.forwards += 1
+        slots = [] if inputs is None else inputs.slots
+        padding = width - len(slots)
+        ids.append([row.tokens[s] for s in slots] + [mask_id] * padding)
+        positions.append([row.positions[s] for s in slots] + [0] * padding)
+        num_cached.append(0 if inputs is None else inputs.num_cached)
+        row.forwards += inputs is not None
+    input_ids, position_ids = torch.tensor(ids), torch.tensor(positions)  # (B, Q) each
     attend = _attention(plans, width, cache, device)
     logits = forward(input_ids.to(device), position_ids.to(device), attend, cache)  # (B, Q, V)
     if cache is not None:
@@ -240,15 +237,19 @@ def _attention(plans, width: int, cache, device) -> torch.Tensor | None:
         p is not None and p.attend is None and len(p.slots) == width for p in plans
     ):
         return None
-    attend = torch.zeros((len(plans), width, width), dtype=torch.bool)
+    cached = 0 if cache is None else cache.width
+    # Built on the host in one tensor; cached slots are all visible when every row is as long.
+    attend = torch.ones((len(plans), width, cached + width), dtype=torch.bool)
     for b, inputs in enumerate(plans):
-        if inputs is not None:
+        if inputs is None:
+            attend[b] = False
+        elif inputs.attend is not None or len(inputs.slots) < width:
             q = len(inputs.slots)
-            attend[b, :q, :q] = True if inputs.attend is None else inputs.attend
+            attend[b, :, cached:] = False
+            attend[b, :q, cached : cached + q] = True if inputs.attend is None else inputs.attend
     attend = attend.to(device)
-    if cache is not None and cache.width > 0:
-        cached = cache.key_valid()[:, None, :].expand(-1, width, -1)  # (B, Q, C)
-        attend = torch.cat([cached, attend], dim=-1)  # (B, Q, C + Q)
+    if not uniform_cache:
+        attend[:, :, :cached] &= cache.key_valid()[:, None, :]
     return attend
 
 
@@ -278,13 +279,15 @@ def _decode_targets(family, rows, plans, logits, config: DecodeConfig) -> list[l
     if not any(counts):
         return committed
     mask_id = family.config.mask_token_id
-    index = torch.zeros((len(rows), max(counts)), dtype=torch.long)
-    for b, inputs in enumerate(plans):
-        if counts[b]:
-            index[b, : counts[b]] = torch.tensor([i for i, _ in inputs.targets])
-    index = index.to(logits.device)
-    vocab = logits.shape[-1]
-    target_logits = logits.gather(1, index[..., None].expand(-1, -1, vocab))  # (B, D, V)
+    if len(rows) == 1:
+        index = torch.tensor([i for i, _ in plans[0].targets], device=logits.device)
+        target_logits = logits[:, index]  # (1, D, V)
+    else:  # rows padded to the most targets; padding reads input 0 and is never used
+        depth = max(counts)
+        inputs = [[i for i, _ in p.targets] if p is not None else [] for p in plans]
+        index = torch.tensor([r + [0] * (depth - len(r)) for r in inputs], device=logits.device)
+        vocab = logits.shape[-1]
+        target_logits = logits.gather(1, index[..., None].expand(-1, -1, vocab))  # (B, D, V)
     target_logits = _apply_processors(target_logits, rows, plans, config, mask_id)
     probs = nucleus_filter(probabilities(target_logits, mask_id), config.top_p)
     generators = [row.generator for row in rows] if config.do_sample else None

@@ -56,9 +56,9 @@ def choose_tokens(
                 exponential = 1e-10 - (uniform + 1e-10).log()
                 race[b, :count] = probs[b, :count] / exponential
         tokens = race.argmax(dim=-1)
-    else:
-        tokens = probs.argmax(dim=-1)
-    confidence = probs.gather(-1, tokens[..., None]).squeeze(-1)
+        confidence = probs.gather(-1, tokens[..., None]).squeeze(-1)
+        return tokens, confidence
+    confidence, tokens = probs.max(dim=-1)
     return tokens, confidence
 
 
