@@ -14,11 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from setdlm.core.decoding import DecodeConfig
-from setdlm.core.family import ModelConfig, default_schedule
+from setdlm.core.family import FAMILIES, ModelConfig, default_schedule
 from setdlm.core.random_weights import redraw_weights
 from setdlm.registry import build_model
-
-FAMILIES = ("ar", "mdlm", "bd3lm", "setdlm")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import torch
 
 from setdlm.checkpoints import load_model, save_model
 from setdlm.core.decoding import DecodeConfig
-from setdlm.core.family import ModelConfig, default_schedule
+from setdlm.core.family import FAMILIES, ModelConfig, default_schedule
 from setdlm.data.loader import collate
 from setdlm.data.text import ChunkedLMDataset, load_wikitext2
 from setdlm.data.tokenizers import SpecialTokens, load_tokenizer, train_bpe_tokenizer
@@ -26,8 +26,6 @@ from setdlm.files import atomic_write_json, atomic_write_text
 from setdlm.likelihood import evaluate_likelihood
 from setdlm.registry import build_model
 from setdlm.train import TrainConfig, latest_checkpoint, load_weights, train
-
-FAMILIES = ("ar", "mdlm", "bd3lm", "setdlm")
 
 
 @dataclass(frozen=True)

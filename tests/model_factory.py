@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import torch
 
-from setdlm.core.family import ModelConfig, default_schedule
+from setdlm.core.family import FAMILIES, ModelConfig, default_schedule
 from setdlm.core.random_weights import redraw_weights
 from setdlm.registry import build_model
 
 VOCAB, MASK, PAD, BOS, EOS = 64, 63, 0, 1, 2
-FAMILIES = ("ar", "mdlm", "bd3lm", "setdlm")
+__all__ = ["BACKBONES", "FAMILIES", "prompts", "tiny_config", "tiny_model"]
+
 BACKBONES = ("dit", "qwen3")
 
 
