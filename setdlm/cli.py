@@ -68,21 +68,25 @@ def _tiny(args) -> int:
 
 
 def _parity(args) -> int:
-    from setdlm.parity import check_case, fixture_cases
+    from setdlm.parity import check_case, check_schedules, fixture_cases
 
     folder = args.folder
     cases = [folder] if (folder / "reference.json").exists() else fixture_cases(folder)
-    if not cases:
+    schedules = folder / "noise_schedules.json"
+    if not cases and not schedules.exists():
         print(f"no fixture folders (with reference.json) under {folder}", file=sys.stderr)
         return 2
-    failures = 0
-    for case in cases:
-        for check in check_case(case, strict=args.strict):
+    groups = [lambda: check_schedules(schedules)] if schedules.exists() else []
+    groups += [lambda case=case: check_case(case, strict=args.strict) for case in cases]
+    failures = total = 0
+    for group in groups:
+        for check in group():
             print(check.line(), flush=True)
             failures += not check.passed
+            total += 1
     print(
-        f"{'FAILED' if failures else 'PASSED'}: {failures} failing check(s) "
-        f"over {len(cases)} case(s)"
+        f"{'FAILED' if failures else 'PASSED'}: {failures} failing of {total} checks "
+        f"over {len(cases)} model case(s)"
     )
     return 1 if failures else 0
 

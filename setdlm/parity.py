@@ -32,6 +32,7 @@ from safetensors.torch import load_file
 from setdlm.checkpoints import config_from_official, load_state, read_weights
 from setdlm.core import masks
 from setdlm.core.decoding import DecodeConfig
+from setdlm.core.schedules import LinearSchedule, StaggeredSchedule
 from setdlm.registry import build_model
 
 LOGITS_ATOL = 1e-6
@@ -252,8 +253,106 @@ def _generation(case, model, run) -> list[Check]:
     return checks
 
 
+# ------------------------------------------------------------------------------ schedules
+SCHEDULE_RTOL = 1e-12  # float64 closed forms: room for another libm, far below any real error
+
+
+def check_schedules(path: Path) -> list[Check]:
+    """Every number of a ``noise_schedules.json`` (official StaggeredNoise and LinearNoise)."""
+    checks = []
+    for name, recorded in json.loads(Path(path).read_text()).items():
+        checks += _staggered_checks(f"schedule {name}", recorded["staggered"])
+        checks += _linear_checks(f"schedule {name}", recorded["linear"])
+    return checks
+
+
+def _staggered_checks(case: str, recorded: dict) -> list[Check]:
+    args = recorded["args"]
+    schedule = StaggeredSchedule.from_sizes(
+        N=args["block_size"], d=args["desired_block_size"], M=args.get("max_block_size")
+    )
+    f64 = torch.float64
+    quantities = [
+        ("b", torch.tensor(schedule.b, dtype=f64), recorded["b"]),
+        ("k", torch.tensor(schedule.k, dtype=f64), recorded["k"]),
+        ("loc", schedule.loc(), recorded["loc"]),
+    ]
+    for t, expected in recorded["alpha_t_per_position"].items():
+        time = torch.tensor([[float(t)]], dtype=f64)
+        quantities.append((f"alpha(t={t})", schedule.alpha(time)[0], expected))
+        quantities.append(
+            (
+                f"alpha'(t={t})",
+                schedule.alpha_prime(time)[0],
+                recorded["alpha_t_prime_per_position"][t],
+            )
+        )
+    example = recorded.get("first_hitting_example")
+    if example:
+        draws = torch.tensor(example["E_exp1"], dtype=f64)[None]
+        times = schedule.first_hitting_times(1, exp_draws=draws)[0]
+        quantities.append(("first-hitting times from recorded Exp(1) draws", times, example["T"]))
+    for key, value in recorded.items():  # official draws after torch.manual_seed(seed)
+        if key.startswith("compute_first_hitting_times_seed"):
+            seed = int(key.removeprefix("compute_first_hitting_times_seed"))
+            generator = torch.Generator().manual_seed(seed)
+            times = schedule.first_hitting_times(1, generator=generator, length=len(value))[0]
+            quantities.append((f"first-hitting times, seed {seed}", times, value))
+    checks = [_close(case, f"staggered {name}", ours, theirs) for name, ours, theirs in quantities]
+    for key, value in recorded.items():
+        if key.startswith("sample_permutation_order_seed"):
+            seed, prompt = key.removeprefix("sample_permutation_order_seed").split("_prompt")
+            flag = torch.ones(1, len(value), dtype=torch.bool)
+            flag[0, : int(prompt)] = False
+            order = schedule.sample_order(flag, torch.Generator().manual_seed(int(seed)))[0]
+            mismatches = int((order != torch.tensor(value)).sum())
+            checks.append(
+                Check(
+                    case,
+                    f"staggered order, seed {seed}, prompt {prompt} (mismatches)",
+                    mismatches,
+                    0,
+                    mismatches == 0,
+                )
+            )
+    return checks
+
+
+def _linear_checks(case: str, recorded: dict) -> list[Check]:
+    plain = LinearSchedule(**recorded["plain"]["args"])
+    blocked = LinearSchedule(**recorded["blocked"]["args"])
+    quantities = [
+        ("plain loc", plain.loc(), recorded["plain"]["loc"]),
+        ("blocked loc", blocked.loc(), recorded["blocked"]["loc"]),
+        ("blocked b", torch.tensor(blocked.b, dtype=torch.float64), recorded["blocked"]["b"]),
+    ]
+    for t, values in recorded["values"].items():
+        time = torch.tensor([float(t)])  # float32, as the official call receives it
+        quantities += [
+            (f"plain alpha(t={t})", plain.alpha(time), values["plain_alpha"]),
+            (f"plain alpha'(t={t})", plain.alpha_prime(time), values["plain_alpha_prime"]),
+            (f"blocked alpha(t={t})", blocked.alpha(time), values["blocked_alpha_per_position"]),
+            (
+                f"blocked alpha'(t={t})",
+                blocked.alpha_prime(time),
+                values["blocked_alpha_prime_per_position"],
+            ),
+        ]
+    return [_close(case, f"linear {name}", ours, theirs) for name, ours, theirs in quantities]
+
+
+def _close(case: str, quantity: str, ours: torch.Tensor, theirs) -> Check:
+    theirs = torch.as_tensor(theirs, dtype=torch.float64)
+    ours = ours.double().reshape(theirs.shape)
+    difference = ((ours - theirs).abs() / theirs.abs().clamp(min=1.0)).max().item()
+    return Check(case, f"{quantity} (rel)", difference, SCHEDULE_RTOL, difference <= SCHEDULE_RTOL)
+
+
 def run_parity(root: Path, strict: bool = False) -> list[Check]:
     checks = []
+    schedules = Path(root) / "noise_schedules.json"
+    if schedules.exists():
+        checks += check_schedules(schedules)
     for folder in fixture_cases(root):
         checks += check_case(folder, strict=strict)
     return checks

@@ -13,16 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from setdlm.core.schedules import LinearSchedule, StaggeredSchedule, sample_t
+from setdlm.parity import check_schedules
 
 # The fixtures are bitwise on the recording machine's CPU; 1e-12 leaves room for another
 # libm (one alpha' entry already differs by 1 ulp here) while staying far below 1e-6.
 TIGHT = {"rtol": 1e-12, "atol": 1e-12}
 F64 = torch.float64
-
-
-@pytest.fixture(scope="module")
-def official(parity_dir: Path) -> dict:
-    return json.loads((parity_dir / "noise_schedules.json").read_text())["N32_d4_M8"]
 
 
 @pytest.fixture(scope="module")
@@ -36,75 +32,36 @@ def _ranks(perm: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------------------
-# Official parity: noise_schedules.json
+# Official parity: noise_schedules.json, through the parity checker every user runs
 
 
-def test_staggered_parameters_match_official(official, staggered):
-    ref = official["staggered"]
-    assert (staggered.N, staggered.d, staggered.M) == (32, 4, 8)
-    assert ref["args"]["max_block_size"] == staggered.M  # the default M = 2d
-    assert staggered.b == ref["b"]
-    assert staggered.k == ref["k"]
-    assert staggered.desired_area == ref["desired_area"]
-    assert staggered.window_size() == ref["args"]["block_size"]
-    torch.testing.assert_close(staggered.loc(), torch.tensor(ref["loc"], dtype=F64), **TIGHT)
+def test_every_official_schedule_number_is_reproduced(parity_dir):
+    checks = check_schedules(parity_dir / "noise_schedules.json")
+    failing = [check.line() for check in checks if not check.passed]
+    assert not failing, failing
+    quantities = " ".join(check.quantity for check in checks)
+    for expected in (
+        "staggered b",
+        "staggered k",
+        "staggered loc",
+        "alpha'(t=0.97)",
+        "Exp(1) draws",
+        "seed 11",
+        "order, seed 3, prompt 3",
+        "blocked alpha",
+    ):
+        assert expected in quantities
 
 
-@pytest.mark.parametrize("t", ["0.0", "0.05", "0.25", "0.5", "0.75", "0.97", "1.0"])
-def test_staggered_alpha_and_rate_match_official(official, staggered, t):
-    ref = official["staggered"]
-    time = torch.tensor([[float(t)]], dtype=F64)  # (1, 1), broadcast over the 32 positions
-    alpha = staggered.alpha(time)
-    rate = staggered.alpha_prime(time)
-    assert alpha.shape == rate.shape == (1, 32)
-    assert alpha.dtype == rate.dtype == F64
-    expected_alpha = torch.tensor(ref["alpha_t_per_position"][t], dtype=F64)
-    expected_rate = torch.tensor(ref["alpha_t_prime_per_position"][t], dtype=F64)
-    torch.testing.assert_close(alpha[0], expected_alpha, **TIGHT)
-    # alpha'(1.0) at position 0 is about -1.3e9, so the rate is compared relatively.
-    torch.testing.assert_close(rate[0], expected_rate, rtol=1e-12, atol=1e-12)
-
-
-def test_first_hitting_example_from_injected_draws(official, staggered):
-    example = official["staggered"]["first_hitting_example"]
-    draws = torch.tensor(example["E_exp1"], dtype=F64)[None]  # (1, 32)
-    times = staggered.first_hitting_times(1, exp_draws=draws)
-    assert times.shape == (1, 32) and times.dtype == F64
-    torch.testing.assert_close(times[0], torch.tensor(example["T"], dtype=F64), **TIGHT)
-
-
-def test_seeded_first_hitting_times_reproduce_official_global_seed_11(official, staggered):
-    times = staggered.first_hitting_times(1, generator=torch.Generator().manual_seed(11))
-    expected = torch.tensor(official["staggered"]["compute_first_hitting_times_seed11"], dtype=F64)
-    torch.testing.assert_close(times[0], expected, **TIGHT)
-
-
-def test_seeded_order_reproduces_official_seed_3_prompt_3(official, staggered):
-    permute_flag = torch.ones(1, 32, dtype=torch.bool)
-    permute_flag[0, :3] = False  # 3-token prompt
-    perm = staggered.sample_order(permute_flag, torch.Generator().manual_seed(3))
-    assert perm.dtype == torch.int64
-    assert perm[0].tolist() == official["staggered"]["sample_permutation_order_seed3_prompt3"]
-
-
-def test_linear_plain_and_blocked_match_official(official):
-    ref = official["linear"]
-    plain = LinearSchedule()
-    blocked = LinearSchedule(block_size=4, length=32)
-    assert (plain.num_blocks, plain.b) == (ref["plain"]["num_blocks"], ref["plain"]["b"])
-    assert (blocked.num_blocks, blocked.b) == (ref["blocked"]["num_blocks"], ref["blocked"]["b"])
-    torch.testing.assert_close(plain.loc(), torch.tensor(ref["plain"]["loc"]))
-    torch.testing.assert_close(blocked.loc(), torch.tensor(ref["blocked"]["loc"]), rtol=0, atol=0)
-    for t, values in ref["values"].items():
-        time = torch.tensor([float(t)])  # (1,) float32, as the official call receives it
-        for name, got in [
-            ("plain_alpha", plain.alpha(time)),
-            ("plain_alpha_prime", plain.alpha_prime(time)),
-            ("blocked_alpha_per_position", blocked.alpha(time)),
-            ("blocked_alpha_prime_per_position", blocked.alpha_prime(time)),
-        ]:
-            assert got.dtype == torch.float32, name
-            torch.testing.assert_close(got, torch.tensor(values[name]), rtol=0, atol=1e-7)
+def test_the_schedule_check_fails_on_a_changed_number(parity_dir, tmp_path):
+    recorded = json.loads((parity_dir / "noise_schedules.json").read_text())
+    name = next(iter(recorded))
+    recorded[name]["staggered"]["loc"][3] += 1e-9
+    (tmp_path / "noise_schedules.json").write_text(json.dumps(recorded))
+    failing = [
+        c.quantity for c in check_schedules(tmp_path / "noise_schedules.json") if not c.passed
+    ]
+    assert failing == ["staggered loc (rel)"]
 
 
 # --------------------------------------------------------------------------------------------
