@@ -48,7 +48,10 @@ def config_from_official(config: dict, folder: Path) -> ModelConfig:
     elif target.endswith("AutoModelFromPreTrained"):
         from setdlm.core.backbones.qwen3 import Qwen3BackboneConfig
 
-        kind, typed = "qwen3", Qwen3BackboneConfig.from_official(backbone, folder)
+        typed = Qwen3BackboneConfig.from_official(backbone, folder)
+        # The checkpoint holds every weight: build the architecture only, never download the
+        # pretrained base model the official run started from.
+        kind, typed = "qwen3", dataclasses.replace(typed, reinit=True)
     else:
         raise CheckpointError(f"{source}: unsupported backbone _target_ {target!r}")
     tokens = config.get("tokenization_config") or {}
@@ -100,10 +103,24 @@ def load_official(folder: str | Path, **overrides) -> Family:
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    if (folder / "model.safetensors").exists():
-        return load_file(folder / "model.safetensors")
-    if (folder / "pytorch_model.bin").exists():
-        return torch.load(folder / "pytorch_model.bin", weights_only=True, map_location="cpu")
+    """The checkpoint's tensors, from safetensors or a pickle that may hold tensors only."""
+    folder = Path(folder)
+    path = folder / "model.safetensors"
+    if path.exists():
+        try:
+            return load_file(path)
+        except Exception as error:  # safetensors raises its own error types
+            raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from error
+    path = folder / "pytorch_model.bin"
+    if path.exists():
+        try:
+            # weights_only: the unpickler builds tensors and plain containers, nothing else, so
+            # a pickle that names a function or class is refused before anything runs.
+            return torch.load(path, weights_only=True, map_location="cpu")
+        except Exception as error:
+            raise CheckpointError(
+                f"{path}: refused or unreadable pickle (only tensors are allowed; {error})"
+            ) from error
     raise CheckpointError(f"{folder}: no model.safetensors or pytorch_model.bin")
 
 

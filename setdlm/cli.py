@@ -33,6 +33,26 @@ def main(argv: list[str] | None = None) -> int:
         "--strict", action="store_true", help="nominal tolerances only (no float32 noise allowance)"
     )
 
+    commands.add_parser("models", help="list the published checkpoints by key")
+
+    generate = commands.add_parser(
+        "generate", help="decode a prompt with a model folder, a published key or a Hub id"
+    )
+    generate.add_argument("model", help="folder, key (gsm8k:setdlm-smax8) or Hub id")
+    generate.add_argument("--prompt", required=True)
+    generate.add_argument("--max-new-tokens", type=int, default=64)
+    generate.add_argument("--threshold", type=float, default=1e6, help="confidence τ")
+    generate.add_argument("--window", type=int, default=None, help="SetDLM W")
+    generate.add_argument("--block-size", type=int, default=None, help="MDLM/BD3LM block")
+    generate.add_argument("--sample", action="store_true", help="sample instead of greedy")
+    generate.add_argument("--top-p", type=float, default=1.0)
+    generate.add_argument("--repetition-penalty", type=float, default=1.0)
+    generate.add_argument("--seed", type=int, default=0)
+    generate.add_argument("--no-bos", action="store_true", help="do not prepend BOS")
+    generate.add_argument(
+        "--tokenizer", default=None, help="tokenizer folder or Hub id (default: the model's own)"
+    )
+
     bench = commands.add_parser("bench", help="benchmarks")
     bench_commands = bench.add_subparsers(dest="bench", required=True)
     decode = bench_commands.add_parser(
@@ -108,7 +128,56 @@ def _bench(args) -> int:
     return 0
 
 
-COMMANDS = {"tiny": _tiny, "parity": _parity, "bench": _bench}
+def _models(args) -> int:
+    from setdlm.zoo import PUBLISHED
+
+    for spec in PUBLISHED.values():
+        extra = f"  ({spec.note})" if spec.note else ""
+        print(f"{spec.key:22s} {spec.hub_id:42s} {spec.family:7s} L={spec.length}{extra}")
+    return 0
+
+
+def _generate(args) -> int:
+    from setdlm.core.decoding import DecodeConfig
+    from setdlm.data.tokenizers import load_tokenizer
+    from setdlm.zoo import load_pretrained, load_tokenizer_for
+
+    loaded = load_pretrained(args.model)
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else load_tokenizer_for(loaded)
+    spec = loaded.spec
+    prompt = tokenizer.encode(args.prompt, add_special_tokens=False)
+    if not args.no_bos and tokenizer.bos_token_id is not None:
+        prompt = [tokenizer.bos_token_id, *prompt]
+    default_block = spec.mdlm_block if spec is not None else None
+    config = DecodeConfig(
+        max_new_tokens=args.max_new_tokens,
+        confidence_threshold=args.threshold,
+        window=args.window or (spec.window if spec is not None else None),
+        block_size=args.block_size
+        or (default_block if loaded.model.config.family == "mdlm" else None),
+        fht_cache_order=bool(spec and spec.fht_cache_order),
+        do_sample=args.sample,
+        top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
+        eos_token_ids=(tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else (),
+    )
+    output = loaded.model.generate([prompt], config, seeds=[args.seed])
+    print(tokenizer.decode(output.new_token_ids[0]))
+    print(
+        f"[{output.num_generated[0]} tokens, {output.nfe} backbone forwards, "
+        f"parallelism {output.parallelism[0]:.2f}, {output.wall_seconds:.2f} s]",
+        file=sys.stderr,
+    )
+    return 0
+
+
+COMMANDS = {
+    "tiny": _tiny,
+    "parity": _parity,
+    "bench": _bench,
+    "models": _models,
+    "generate": _generate,
+}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -141,6 +141,7 @@ def _run_family(family, folder, tokenizer, train_set, heldout, settings, log) ->
     load_weights(model, latest_checkpoint(folder / "train" / "checkpoints"), use_ema=True)
     after = evaluate_likelihood(model, eval_batches, seed=1234, tokenizer=tokenizer)
     save_model(model, folder / "model")
+    tokenizer.save_pretrained(folder / "model")  # a model folder is self-contained
     model = load_model(folder / "model")  # decode what was saved, as any user would
     losses = [json.loads(line) for line in result.losses_path.read_text().splitlines()]
     log(

@@ -22,6 +22,12 @@ def test_parity_command_passes_on_the_official_fixtures(parity_dir, capsys):
     assert lines[-1].startswith("PASSED: 0 failing")
 
 
+def test_models_command_lists_every_published_key(capsys):
+    assert main(["models"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 32 and any(line.startswith("gsm8k:setdlm-smax8 ") for line in lines)
+
+
 def test_parity_command_fails_on_a_tampered_fixture(parity_dir, tmp_path, capsys):
     case = tmp_path / "setdlm-smax8-dit"
     case.mkdir()
@@ -83,6 +89,23 @@ def test_tiny_job_trains_every_family_and_its_loss_clearly_drops(tmp_path, capsy
         model = load_model(tmp_path / family / "model")
         assert model.config.family == family
     assert "| setdlm |" in (tmp_path / "summary.md").read_text()
+    # Each saved model folder carries its tokenizer and decodes from the command line.
+    capsys.readouterr()
+    assert (
+        main(
+            [
+                "generate",
+                str(tmp_path / "bd3lm" / "model"),
+                "--prompt",
+                "The war",
+                "--max-new-tokens",
+                "6",
+            ]
+        )
+        == 0
+    )
+    generated = capsys.readouterr()
+    assert generated.out.strip() and "6 tokens" in generated.err
     # A second run finds every family finished and recomputes nothing.
     capsys.readouterr()
     run_tiny(tmp_path, settings)
