@@ -43,3 +43,18 @@ def _deterministic_threads():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+TINY_TEST_SETTINGS = dict(steps=120, hidden_size=64, new_tokens=12, num_prompts=2)
+
+
+@pytest.fixture(scope="session")
+def trained_tiny(tmp_path_factory) -> Path:
+    """The four tiny families trained on WikiText-2 by the main job's code (one run per test
+    session, about half a minute): ``<dir>/<family>/model`` holds each model and its
+    tokenizer, ``<dir>/<family>/metrics.json`` its training and held-out figures."""
+    from setdlm.tiny import TinySettings, run_tiny
+
+    out = tmp_path_factory.mktemp("tiny")
+    run_tiny(out, TinySettings(**TINY_TEST_SETTINGS), log=lambda *args: None)
+    return out

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import TINY_TEST_SETTINGS
 from model_factory import tiny_model
 
 from setdlm.checkpoints import load_model
@@ -75,27 +76,25 @@ def test_an_interrupted_then_resumed_run_ends_with_the_same_weights(tmp_path, fa
         assert torch.equal(a, b), name
 
 
-def test_tiny_job_trains_every_family_and_its_loss_clearly_drops(tmp_path, capsys):
-    settings = TinySettings(steps=120, hidden_size=64, new_tokens=12, num_prompts=2)
-    summary = run_tiny(tmp_path, settings)
+def test_tiny_job_trains_every_family_and_its_loss_clearly_drops(trained_tiny, capsys):
+    summary = json.loads((trained_tiny / "summary.json").read_text())
     assert set(summary) == set(FAMILIES)
     for family, metrics in summary.items():
         before, after = metrics["heldout_before"]["nll"], metrics["heldout_after"]["nll"]
         assert after < before - 0.5, (family, before, after)
         assert metrics["heldout_after"]["bits_per_byte"] > 0
         assert all(run["generated_tokens"] > 0 for run in metrics["decoding"])
-        samples = (tmp_path / family / "samples.jsonl").read_text().splitlines()
+        samples = (trained_tiny / family / "samples.jsonl").read_text().splitlines()
         assert len(samples) == 2 * len(metrics["decoding"])
-        model = load_model(tmp_path / family / "model")
+        model = load_model(trained_tiny / family / "model")
         assert model.config.family == family
-    assert "| setdlm |" in (tmp_path / "summary.md").read_text()
+    assert "| setdlm |" in (trained_tiny / "summary.md").read_text()
     # Each saved model folder carries its tokenizer and decodes from the command line.
-    capsys.readouterr()
     assert (
         main(
             [
                 "generate",
-                str(tmp_path / "bd3lm" / "model"),
+                str(trained_tiny / "bd3lm" / "model"),
                 "--prompt",
                 "The war",
                 "--max-new-tokens",
@@ -107,6 +106,6 @@ def test_tiny_job_trains_every_family_and_its_loss_clearly_drops(tmp_path, capsy
     generated = capsys.readouterr()
     assert generated.out.strip() and "6 tokens" in generated.err
     # A second run finds every family finished and recomputes nothing.
-    capsys.readouterr()
-    run_tiny(tmp_path, settings)
-    assert capsys.readouterr().out.count("already done") == len(FAMILIES)
+    lines = []
+    run_tiny(trained_tiny, TinySettings(**TINY_TEST_SETTINGS), log=lines.append)
+    assert sum("already done" in line for line in lines) == len(FAMILIES)

@@ -1,0 +1,173 @@
+"""Run a decoding task: quality and speed from one resumable run.
+
+A ``Task`` turns its dataset into ``Example``s (token ids to decode, the reference), says how
+its outputs are decoded (stop rules, processors, budget) and scored. ``run_evaluation`` decodes
+every example not yet in ``samples.jsonl`` with a per-example seed, scores it, appends its line,
+and once all examples are present writes ``metrics.json``: quality (with definitions), speed
+(shared timer), the resolved config and its hash, and the hardware/software fingerprint.
+Results do not depend on batch size or on resuming: seeds come from (base seed, example id)
+and a row's tokens never depend on the rest of its batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from setdlm.core.decoding import DecodeConfig
+from setdlm.eval.fingerprint import code_version, hardware, software_versions
+from setdlm.eval.records import SampleLog, config_hash, example_seed
+from setdlm.eval.timing import (
+    peak_memory_bytes,
+    reset_peak_memory,
+    summarize_speed,
+    synchronized_timer,
+)
+from setdlm.files import atomic_write_json
+
+
+@dataclass(frozen=True)
+class Example:
+    id: str
+    input_ids: list[int]  # the prompt, or an infilling input with mask ids
+    prompt: str  # human-readable form of the input
+    reference: Any
+    meta: dict = field(default_factory=dict)
+
+
+class Task(ABC):
+    name: str
+
+    @abstractmethod
+    def settings(self) -> dict:
+        """Everything that defines the task's data and scoring (part of the result's hash)."""
+
+    @abstractmethod
+    def examples(self, tokenizer, model) -> list[Example]:
+        """The examples to decode, in a fixed order, with unique ids."""
+
+    def decode_config(self, base: DecodeConfig, tokenizer) -> DecodeConfig:
+        """The task's stopping rules, processors and budget on top of the family's knobs."""
+        return base
+
+    def output_text(self, example: Example, new_ids: list[int], tokenizer) -> str:
+        return tokenizer.decode(new_ids, skip_special_tokens=True)
+
+    @abstractmethod
+    def score(self, example: Example, text: str) -> dict[str, float]:
+        """Per-example scores."""
+
+    @abstractmethod
+    def aggregate(self, records: list[dict]) -> dict[str, dict]:
+        """Quality metrics: {name: {"value": float, "definition": str, ...}}."""
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    seed: int = 1234
+    batch_size: int = 1
+    warmup_examples: int = 1  # the first examples decoded by each process are not timed
+
+
+def run_evaluation(
+    task: Task,
+    model,
+    tokenizer,
+    decode: DecodeConfig,
+    out_dir: str | Path,
+    settings: RunSettings = RunSettings(),
+    model_source: str = "",
+) -> dict:
+    out_dir = Path(out_dir)
+    decode = task.decode_config(decode, tokenizer)
+    identity = {
+        "task": task.name,
+        "task_settings": task.settings(),
+        "model_config": model.config.to_dict(),
+        "model_source": model_source,
+        "decode": decode.to_dict(),
+        "seed": settings.seed,
+    }
+    digest = config_hash(identity)
+    metrics_path = out_dir / "metrics.json"
+    if metrics_path.exists():
+        finished = json.loads(metrics_path.read_text())
+        if finished.get("config_hash") == digest:
+            return finished
+    _claim(out_dir, identity, digest)
+    log = SampleLog(out_dir / "samples.jsonl")
+    done = log.load()
+    examples = task.examples(tokenizer, model)
+    pending = [example for example in examples if example.id not in done]
+    device = model.device
+    reset_peak_memory(device)
+    timed_so_far = 0
+    for start in range(0, len(pending), settings.batch_size):
+        batch = pending[start : start + settings.batch_size]
+        seeds = [example_seed(settings.seed, example.id) for example in batch]
+        with synchronized_timer(device) as elapsed:
+            output = model.generate(
+                [e.input_ids for e in batch], decode, seeds=seeds, tokenizer=tokenizer
+            )
+        warmup = timed_so_far < settings.warmup_examples
+        timed_so_far += len(batch)
+        for row, example in enumerate(batch):
+            text = task.output_text(example, output.new_token_ids[row], tokenizer)
+            log.append(
+                {
+                    "id": example.id,
+                    "prompt": example.prompt,
+                    "reference": example.reference,
+                    "output_text": text,
+                    "output_ids": output.new_token_ids[row],
+                    "scores": task.score(example, text),
+                    "generated_tokens": output.num_generated[row],
+                    "stopped": output.stopped[row],
+                    "nfe": output.row_forwards[row],
+                    "steps": output.row_steps[row],
+                    "parallelism": output.parallelism[row],
+                    "latency_seconds": elapsed["seconds"],
+                    "seconds": elapsed["seconds"] / len(batch),
+                    "batch_size": len(batch),
+                    "warmup": warmup,
+                    "code_version": code_version(),
+                }
+            )
+    records = log.load()
+    missing = [e.id for e in examples if e.id not in records]
+    if missing:
+        raise RuntimeError(f"{out_dir}: {len(missing)} example(s) missing, e.g. {missing[:3]}")
+    ordered = [records[e.id] for e in examples]
+    metrics = {
+        "task": task.name,
+        "examples": len(ordered),
+        "quality": task.aggregate(ordered),
+        "speed": summarize_speed(ordered) | {"peak_memory": peak_memory_bytes(device)},
+        "config": identity,
+        "config_hash": digest,
+        "run": dataclasses.asdict(settings),
+        "code_versions": sorted({r["code_version"] for r in ordered}),
+        "hardware": hardware(device),
+        "software": software_versions(),
+    }
+    atomic_write_json(metrics_path, metrics)
+    return json.loads(metrics_path.read_text())  # what a later call reads back, exactly
+
+
+def _claim(out_dir: Path, identity: dict, digest: str) -> None:
+    """Record which configuration this folder's samples belong to; refuse to mix two."""
+    run_path = out_dir / "run.json"
+    if run_path.exists():
+        existing = json.loads(run_path.read_text())
+        if existing["config_hash"] != digest:
+            raise ValueError(
+                f"{out_dir} holds samples of configuration {existing['config_hash']}, not "
+                f"{digest}: use another output folder (or delete it to start over)"
+            )
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(run_path, {"config_hash": digest, "config": identity})

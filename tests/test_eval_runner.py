@@ -1,0 +1,140 @@
+"""The shared evaluation runner: one result format, one timer, resumable runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from setdlm.checkpoints import load_model
+from setdlm.core.decoding import DecodeConfig
+from setdlm.data.tokenizers import load_tokenizer
+from setdlm.eval.records import SampleLog, example_seed
+from setdlm.eval.runner import Example, RunSettings, Task, run_evaluation
+
+TIMING_FIELDS = {"latency_seconds", "seconds", "warmup", "batch_size", "code_version"}
+
+
+class Continuation(Task):
+    """Continue held-out WikiText-2 prompts; score = share of reference tokens reproduced."""
+
+    name = "continuation"
+
+    def __init__(self, count: int = 5, fail_after: int | None = None):
+        self.count, self.fail_after, self.scored = count, fail_after, 0
+
+    def settings(self) -> dict:
+        return {"count": self.count}
+
+    def examples(self, tokenizer, model):
+        from setdlm.data.text import ChunkedLMDataset, load_wikitext2
+
+        chunks = ChunkedLMDataset(load_wikitext2().heldout, tokenizer, 24)
+        return [
+            Example(
+                id=f"chunk-{i}",
+                input_ids=chunks[i]["input_ids"][:16].tolist(),
+                prompt=tokenizer.decode(chunks[i]["input_ids"][1:16]),
+                reference=chunks[i]["input_ids"][16:].tolist(),
+            )
+            for i in range(self.count)
+        ]
+
+    def decode_config(self, base, tokenizer):
+        return base.replace(max_new_tokens=8)
+
+    def score(self, example, text):
+        self.scored += 1
+        if self.fail_after is not None and self.scored > self.fail_after:
+            raise KeyboardInterrupt("killed")
+        return {"length": len(text)}
+
+    def aggregate(self, records):
+        mean = sum(r["scores"]["length"] for r in records) / len(records)
+        return {"mean_length": {"value": mean, "definition": "characters per output"}}
+
+
+def _load(trained_tiny, family):
+    folder = trained_tiny / family / "model"
+    return load_model(folder), load_tokenizer(folder)
+
+
+def _outputs(folder):
+    records = SampleLog(folder / "samples.jsonl").load()
+    return {k: {f: v for f, v in r.items() if f not in TIMING_FIELDS} for k, r in records.items()}
+
+
+SAMPLED = DecodeConfig(do_sample=True, top_p=0.9, confidence_threshold=0.3, window=4)
+
+
+def test_a_run_writes_samples_and_metrics(trained_tiny, tmp_path):
+    model, tokenizer = _load(trained_tiny, "setdlm")
+    metrics = run_evaluation(Continuation(), model, tokenizer, SAMPLED, tmp_path / "run")
+    lines = (tmp_path / "run" / "samples.jsonl").read_text().splitlines()
+    assert len(lines) == metrics["examples"] == 5
+    record = json.loads(lines[0])
+    for key in (
+        "id",
+        "prompt",
+        "output_text",
+        "output_ids",
+        "reference",
+        "scores",
+        "generated_tokens",
+        "nfe",
+        "parallelism",
+        "seconds",
+    ):
+        assert key in record
+    speed = metrics["speed"]
+    assert speed["timed_examples"] == 4 and speed["warmup_examples"] == 1
+    assert speed["tokens_per_second_aggregate"] > 0 and speed["nfe_mean"] > 0
+    assert speed["latency_seconds_p95"] >= speed["latency_seconds_p50"] > 0
+    assert metrics["quality"]["mean_length"]["definition"]
+    assert metrics["hardware"]["cpu_count"] and metrics["software"]["torch"]
+    assert len(metrics["config_hash"]) == 16
+    # a finished run is not recomputed
+    again = run_evaluation(Continuation(), model, tokenizer, SAMPLED, tmp_path / "run")
+    assert again == metrics
+
+
+def test_a_killed_run_resumes_to_the_same_results(trained_tiny, tmp_path):
+    model, tokenizer = _load(trained_tiny, "mdlm")
+    config = SAMPLED.replace(block_size=8)
+    straight = run_evaluation(Continuation(), model, tokenizer, config, tmp_path / "straight")
+    with pytest.raises(KeyboardInterrupt):
+        run_evaluation(Continuation(fail_after=2), model, tokenizer, config, tmp_path / "killed")
+    log = tmp_path / "killed" / "samples.jsonl"
+    assert len(log.read_text().splitlines()) == 2
+    with open(log, "a") as handle:
+        handle.write('{"id": "chunk-2", "prompt": "torn')  # died in the middle of a line
+    resumed = run_evaluation(Continuation(), model, tokenizer, config, tmp_path / "killed")
+    assert resumed["quality"] == straight["quality"]
+    assert _outputs(tmp_path / "killed") == _outputs(tmp_path / "straight")
+
+
+def test_batch_size_does_not_change_results(trained_tiny, tmp_path):
+    model, tokenizer = _load(trained_tiny, "bd3lm")
+    one = run_evaluation(Continuation(), model, tokenizer, SAMPLED, tmp_path / "one")
+    three = run_evaluation(
+        Continuation(), model, tokenizer, SAMPLED, tmp_path / "three", RunSettings(batch_size=3)
+    )
+    assert one["config_hash"] == three["config_hash"]
+    assert _outputs(tmp_path / "one") == _outputs(tmp_path / "three")
+
+
+def test_a_folder_never_mixes_two_configurations(trained_tiny, tmp_path):
+    model, tokenizer = _load(trained_tiny, "ar")
+    with pytest.raises(KeyboardInterrupt):
+        run_evaluation(
+            Continuation(fail_after=1), model, tokenizer, DecodeConfig(), tmp_path / "run"
+        )
+    with pytest.raises(ValueError, match="holds samples of configuration"):
+        run_evaluation(
+            Continuation(), model, tokenizer, DecodeConfig(repetition_penalty=1.2), tmp_path / "run"
+        )
+
+
+def test_example_seeds_depend_only_on_base_seed_and_id():
+    assert example_seed(1, "a") == example_seed(1, "a")
+    assert len({example_seed(1, "a"), example_seed(2, "a"), example_seed(1, "b")}) == 3
