@@ -53,6 +53,18 @@ def main(argv: list[str] | None = None) -> int:
         "--tokenizer", default=None, help="tokenizer folder or Hub id (default: the model's own)"
     )
 
+    evaluate = commands.add_parser("eval", help="evaluation runs (quality and speed)")
+    tasks = evaluate.add_subparsers(dest="task", required=True)
+    likelihood = tasks.add_parser("likelihood", help="held-out NLL / PPL / bits per token")
+    likelihood.add_argument("--model", required=True, help="folder, key or Hub id")
+    likelihood.add_argument("--data", choices=("wikitext2", "owt", "lm1b"), default="wikitext2")
+    likelihood.add_argument("--out", type=Path, required=True)
+    likelihood.add_argument("--samples", type=int, default=1, help="Monte-Carlo draws")
+    likelihood.add_argument("--batch-size", type=int, default=8)
+    likelihood.add_argument("--limit", type=int, default=None, help="first N sequences")
+    likelihood.add_argument("--seed", type=int, default=0)
+    likelihood.add_argument("--tokenizer", default=None)
+
     bench = commands.add_parser("bench", help="benchmarks")
     bench_commands = bench.add_subparsers(dest="bench", required=True)
     decode = bench_commands.add_parser(
@@ -171,7 +183,34 @@ def _generate(args) -> int:
     return 0
 
 
+def _eval(args) -> int:
+    import json
+
+    from setdlm.data.tokenizers import load_tokenizer
+    from setdlm.zoo import load_pretrained, load_tokenizer_for
+
+    loaded = load_pretrained(args.model)
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else load_tokenizer_for(loaded)
+    if args.task == "likelihood":
+        from setdlm.eval.likelihood import run_likelihood
+
+        metrics = run_likelihood(
+            loaded.model,
+            tokenizer,
+            args.data,
+            args.out,
+            num_samples=args.samples,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            limit=args.limit,
+            model_source=args.model,
+        )
+    print(json.dumps(metrics["quality"], indent=1))
+    return 0
+
+
 COMMANDS = {
+    "eval": _eval,
     "tiny": _tiny,
     "parity": _parity,
     "bench": _bench,

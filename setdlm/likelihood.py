@@ -37,38 +37,65 @@ class LikelihoodResult:
 
 
 @torch.no_grad()
-def evaluate_likelihood(
-    model, batches: Iterable[dict[str, torch.Tensor]], seed: int = 0, tokenizer=None
-) -> LikelihoodResult:
-    """Sum the family's eval-mode loss terms over ``batches`` (noise drawn from ``seed``).
-
-    With a tokenizer, bits per byte divide the total by the UTF-8 bytes of the counted tokens.
-    """
-    was_training = model.training
-    model.eval()
-    generator = torch.Generator().manual_seed(seed)
-    total_nll, total_tokens, total_bytes, sequences = 0.0, 0, 0, 0
-    for batch in batches:
+def sequence_terms(model, batch, generator, num_samples: int = 1, tokenizer=None) -> list[dict]:
+    """Per sequence of ``batch``: the NLL (or bound) summed over its counted tokens, averaged
+    over ``num_samples`` Monte-Carlo draws of the family's noise (t, masks or order), its
+    counted tokens and (with a tokenizer) their UTF-8 bytes."""
+    totals = torch.zeros(len(batch["input_ids"]), dtype=torch.float64)
+    for _ in range(num_samples):
         output = model.loss(batch, generator=generator)
-        total_nll += float(output.nlls.double().sum())
-        total_tokens += int(output.token_mask.sum())
-        sequences += len(batch["input_ids"])
-        if tokenizer is not None:
-            counted = _counted_positions(batch["input_ids"], output)
-            total_bytes += _utf8_bytes(batch["input_ids"], counted, tokenizer)
-    model.train(was_training)
+        totals += output.nlls.double().sum(dim=-1).cpu()
+    tokens = output.token_mask.sum(dim=-1).long().tolist()
+    counted = _counted_positions(batch["input_ids"], output) if tokenizer is not None else None
+    terms = []
+    for row in range(len(tokens)):
+        term = {"nll": float(totals[row]) / num_samples, "tokens": tokens[row]}
+        if counted is not None:
+            term["bytes"] = _utf8_bytes(
+                batch["input_ids"][row : row + 1], counted[row : row + 1], tokenizer
+            )
+        terms.append(term)
+    return terms
+
+
+def summarize(terms: list[dict], family: str, num_samples: int = 1) -> LikelihoodResult:
+    """Total NLL over total counted tokens (the official aggregation), and the derived units."""
+    total_nll = sum(t["nll"] for t in terms)
+    total_tokens = sum(t["tokens"] for t in terms)
+    total_bytes = sum(t.get("bytes", 0) for t in terms)
     if total_tokens == 0:
-        raise ValueError("no token was counted: every batch was padding or context")
+        raise ValueError("no token was counted: every sequence was padding or context")
     nll = total_nll / total_tokens
+    measured = WHAT_IS_MEASURED[family]
+    if num_samples > 1 and family != "ar":
+        measured += f", averaged over {num_samples} Monte-Carlo draws"
     return LikelihoodResult(
         nll=nll,
         perplexity=math.exp(nll),
         bits_per_token=nll / math.log(2),
         bits_per_byte=total_nll / math.log(2) / total_bytes if total_bytes else None,
         tokens=total_tokens,
-        sequences=sequences,
-        measured=WHAT_IS_MEASURED[model.config.family],
+        sequences=len(terms),
+        measured=measured,
     )
+
+
+def evaluate_likelihood(
+    model,
+    batches: Iterable[dict[str, torch.Tensor]],
+    seed: int = 0,
+    tokenizer=None,
+    num_samples: int = 1,
+) -> LikelihoodResult:
+    """Held-out likelihood of ``batches`` in eval mode (noise drawn from ``seed``)."""
+    was_training = model.training
+    model.eval()
+    generator = torch.Generator().manual_seed(seed)
+    terms = []
+    for batch in batches:
+        terms += sequence_terms(model, batch, generator, num_samples, tokenizer)
+    model.train(was_training)
+    return summarize(terms, model.config.family, num_samples)
 
 
 def _counted_positions(input_ids: torch.Tensor, output) -> torch.Tensor:

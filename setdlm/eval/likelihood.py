@@ -1,0 +1,96 @@
+"""Held-out likelihood as an evaluation run: NLL / PPL / bits per token and per byte.
+
+The text is chunked like the training data (BOS + ``length - 1`` tokens, EOS between documents):
+WikiText-2's held-out articles from the local mirror or the Hub, OpenWebText's last 100k
+documents (the official valid split) or LM1B's test split from the Hub. Per-sequence terms are
+appended to ``samples.jsonl`` (resumable) and ``metrics.json`` holds the aggregate, what the
+number measures for this family (exact NLL, NELBO or one-order bound), the number of
+Monte-Carlo draws, the config hash and the fingerprint. The noise of a batch is drawn from
+(seed, first sequence id), so results are reproducible for a given seed and batch size.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from setdlm.data.loader import collate
+from setdlm.data.text import ChunkedLMDataset, load_wikitext2
+from setdlm.eval.fingerprint import code_version, hardware, software_versions
+from setdlm.eval.records import SampleLog, config_hash, example_seed
+from setdlm.files import atomic_write_json
+from setdlm.likelihood import sequence_terms, summarize
+
+HELDOUT_SETS = ("wikitext2", "owt", "lm1b")
+
+
+def heldout_documents(name: str) -> list[str]:
+    if name == "wikitext2":
+        return load_wikitext2().heldout
+    import datasets
+
+    if name == "owt":  # the official valid split: the last 100k training documents
+        return datasets.load_dataset("Skylion007/openwebtext", split="train[-100000:]")["text"]
+    if name == "lm1b":
+        return datasets.load_dataset("lm1b", split="test")["text"]
+    raise ValueError(f"unknown held-out set {name!r}; choose from {HELDOUT_SETS}")
+
+
+def run_likelihood(
+    model,
+    tokenizer,
+    data: str,
+    out_dir: str | Path,
+    num_samples: int = 1,
+    seed: int = 0,
+    batch_size: int = 8,
+    limit: int | None = None,
+    model_source: str = "",
+) -> dict:
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    out_dir = Path(out_dir)
+    identity = {
+        "task": "likelihood",
+        "data": data,
+        "limit": limit,
+        "num_samples": num_samples,
+        "seed": seed,
+        "batch_size": batch_size,
+        "model_config": model.config.to_dict(),
+        "model_source": model_source,
+    }
+    digest = config_hash(identity)
+    metrics_path = out_dir / "metrics.json"
+    if metrics_path.exists() and json.loads(metrics_path.read_text())["config_hash"] == digest:
+        return json.loads(metrics_path.read_text())
+    chunks = ChunkedLMDataset(heldout_documents(data), tokenizer, model.config.length)
+    count = len(chunks) if limit is None else min(limit, len(chunks))
+    ids = [f"{data}-{i}" for i in range(count)]
+    log = SampleLog(out_dir / "samples.jsonl")
+    done = log.load()
+    model.eval()
+    for start in range(0, count, batch_size):
+        batch_ids = ids[start : start + batch_size]
+        if all(i in done for i in batch_ids):
+            continue
+        batch = collate([chunks[i] for i in range(start, start + len(batch_ids))])
+        generator = torch.Generator().manual_seed(example_seed(seed, batch_ids[0]))
+        terms = sequence_terms(model, batch, generator, num_samples, tokenizer)
+        for example_id, term in zip(batch_ids, terms, strict=True):
+            log.append({"id": example_id, **term, "code_version": code_version()})
+    records = log.load()
+    result = summarize([records[i] for i in ids], model.config.family, num_samples)
+    metrics = {
+        "task": "likelihood",
+        "quality": result.to_dict(),
+        "config": identity,
+        "config_hash": digest,
+        "code_versions": sorted({records[i]["code_version"] for i in ids}),
+        "hardware": hardware(model.device),
+        "software": software_versions(),
+    }
+    atomic_write_json(metrics_path, metrics)
+    return json.loads(metrics_path.read_text())
