@@ -56,5 +56,10 @@ def trained_tiny(tmp_path_factory) -> Path:
     from setdlm.tiny import TinySettings, run_tiny
 
     out = tmp_path_factory.mktemp("tiny")
-    run_tiny(out, TinySettings(**TINY_TEST_SETTINGS), log=lambda *args: None)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # session fixtures run before the per-test thread setting
+    try:
+        run_tiny(out, TinySettings(**TINY_TEST_SETTINGS), log=lambda *args: None)
+    finally:
+        torch.set_num_threads(previous)
     return out

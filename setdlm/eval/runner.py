@@ -37,6 +37,9 @@ class Example:
     prompt: str  # human-readable form of the input
     reference: Any
     meta: dict = field(default_factory=dict)
+    # This example's generation budget when it is not the task's (AR infilling generates exactly
+    # the span length); examples with different budgets never share a batch.
+    max_new_tokens: int | None = None
 
 
 class Task(ABC):
@@ -98,7 +101,7 @@ def run_evaluation(
         finished = json.loads(metrics_path.read_text())
         if finished.get("config_hash") == digest:
             return finished
-    _claim(out_dir, identity, digest)
+    claim_folder(out_dir, identity, digest)
     log = SampleLog(out_dir / "samples.jsonl")
     done = log.load()
     examples = task.examples(tokenizer, model)
@@ -106,12 +109,13 @@ def run_evaluation(
     device = model.device
     reset_peak_memory(device)
     timed_so_far = 0
-    for start in range(0, len(pending), settings.batch_size):
-        batch = pending[start : start + settings.batch_size]
+    for batch in _batches(pending, settings.batch_size):
         seeds = [example_seed(settings.seed, example.id) for example in batch]
+        budget = batch[0].max_new_tokens
+        config = decode if budget is None else decode.replace(max_new_tokens=budget)
         with synchronized_timer(device) as elapsed:
             output = model.generate(
-                [e.input_ids for e in batch], decode, seeds=seeds, tokenizer=tokenizer
+                [e.input_ids for e in batch], config, seeds=seeds, tokenizer=tokenizer
             )
         warmup = timed_so_far < settings.warmup_examples
         timed_so_far += len(batch)
@@ -158,7 +162,19 @@ def run_evaluation(
     return json.loads(metrics_path.read_text())  # what a later call reads back, exactly
 
 
-def _claim(out_dir: Path, identity: dict, digest: str) -> None:
+def _batches(examples: list[Example], size: int):
+    """Consecutive examples, at most ``size`` per batch, one generation budget per batch."""
+    batch: list[Example] = []
+    for example in examples:
+        if batch and (len(batch) == size or example.max_new_tokens != batch[0].max_new_tokens):
+            yield batch
+            batch = []
+        batch.append(example)
+    if batch:
+        yield batch
+
+
+def claim_folder(out_dir: Path, identity: dict, digest: str) -> None:
     """Record which configuration this folder's samples belong to; refuse to mix two."""
     run_path = out_dir / "run.json"
     if run_path.exists():

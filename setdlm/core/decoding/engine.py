@@ -58,6 +58,7 @@ class RowState:
     steps: int = 0  # forwards in which the row committed predictions
     forwards: int = 0  # forwards the row took part in
     committed: int = 0  # tokens committed by predictions
+    confidence: dict[int, float] = field(default_factory=dict)  # slot -> its token's confidence
 
 
 @dataclass
@@ -107,6 +108,8 @@ class GenerationOutput:
 
     output_ids: list[list[int]]  # prompt/context plus the decoded tokens, masks removed
     new_token_ids: list[list[int]]  # generated tokens up to the stop point
+    # Probability of each new token under the distribution it was picked from, when committed.
+    new_token_confidences: list[list[float]]
     num_generated: list[int]  # counted generated tokens (stop point included, no padding)
     row_forwards: list[int]  # backbone forwards each row took part in
     row_steps: list[int]  # forwards in which each row committed predictions
@@ -303,6 +306,7 @@ def _decode_targets(family, rows, plans, logits, config: DecodeConfig) -> list[l
         for i in chosen:
             slot = inputs.targets[i][1]
             row.tokens[slot] = tokens[row.index][i]
+            row.confidence[slot] = confidence[row.index][i]
             committed[row.index].append(slot)
         row.steps += 1
         row.committed += len(chosen)
@@ -358,10 +362,11 @@ def _check_stop(row: RowState, mask_id: int, stop_rule: StopRule) -> None:
 
 
 def _collect(rows, mask_id, forward, wall_seconds) -> GenerationOutput:
-    output_ids, new_ids = [], []
+    output_ids, new_ids, new_confidences = [], [], []
     for row in rows:
         kept = row.generated if row.stop_at is None else row.generated[: row.stop_at]
         new = [row.tokens[s] for s in kept if row.tokens[s] != mask_id]
+        new_confidences.append([row.confidence[s] for s in kept if row.tokens[s] != mask_id])
         if row.infill:
             output = [t for t in row.tokens if t != mask_id]
         else:
@@ -371,6 +376,7 @@ def _collect(rows, mask_id, forward, wall_seconds) -> GenerationOutput:
     return GenerationOutput(
         output_ids=output_ids,
         new_token_ids=new_ids,
+        new_token_confidences=new_confidences,
         num_generated=[len(n) for n in new_ids],
         row_forwards=[row.forwards for row in rows],
         row_steps=[row.steps for row in rows],

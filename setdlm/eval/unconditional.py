@@ -1,0 +1,668 @@
+"""Unconditional generation (SPEC 5.3): samples from a BOS prompt, scored with MAUVE against
+reference text, generative perplexity and unigram entropy.
+
+Each sample is decoded from the single-BOS prompt with nucleus sampling and a repetition
+penalty, stopped by the rules of ``sample_rules`` (first EOS online in the engine; low
+confidence and window entropy applied to its output), and regenerated while it is too short
+or too repetitive, up to a maximum number of attempts. Sample ``i`` has the runner's
+per-example seed (base seed, its id); attempt ``a > 0`` derives its seed from (sample seed,
+a), so a sample never depends on batch size, resumption or the other samples.
+
+The runner's ``Task`` interface decodes every example once, so regeneration runs in
+``run_unconditional``, which keeps the runner's format and helpers: ``run.json`` (which
+configuration the samples belong to), ``samples.jsonl`` (one line per finished sample, with
+every attempt; resumable, torn last line dropped) and ``metrics.json`` (written atomically once
+every sample is present). Scoring settings (featurizer, evaluator, references) are not part
+of the samples' identity: a finished folder can be scored again with other ones, and
+``metrics.json`` then holds the latest scoring with its identity.
+
+Texts compared by MAUVE (SPEC 8.2 item 6): the paper decodes its references (1,024-token
+chunks) with special tokens, but its generations BOS-prefixed and EOS-truncated. The default
+("clean") decodes both without special tokens; "paper" reproduces the paper's texts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import os
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from setdlm.core.decoding import DecodeConfig, GenerationOutput
+from setdlm.core.family import FAMILIES
+from setdlm.eval.fingerprint import code_version, hardware, software_versions
+from setdlm.eval.gen_ppl import (
+    DEFAULT_EVALUATOR,
+    CausalScorer,
+    PerplexitySettings,
+    generative_perplexity,
+    load_evaluator,
+    unigram_entropy,
+)
+from setdlm.eval.mauve_score import (
+    BOOTSTRAP_BASE_SEED,
+    BOOTSTRAP_RNG_SEED,
+    DEFAULT_FEATURIZER,
+    EMPTY_POLICIES,
+    Featurizer,
+    MauveSettings,
+    apply_empty_policy,
+    bootstrap_subsets,
+    load_featurizer,
+    mauve_bootstrap,
+    mauve_from_features,
+)
+from setdlm.eval.records import SampleLog, config_hash, example_seed
+from setdlm.eval.runner import Example, RunSettings, Task, claim_folder
+from setdlm.eval.sample_rules import EntropyStop, LowConfidenceStop, Rejection, apply_stop_rules
+from setdlm.eval.timing import (
+    peak_memory_bytes,
+    reset_peak_memory,
+    summarize_speed,
+    synchronized_timer,
+)
+from setdlm.files import atomic_write_json
+
+TEXT_PROTOCOLS = {
+    "clean": "generations and references both decoded without special tokens",
+    "paper": "references decoded with special tokens; generations BOS-prefixed, cut before "
+    "their EOS and decoded with special tokens (the paper's texts, SPEC 8.2 item 6)",
+}
+OWT_HUB_ID = "Skylion007/openwebtext"
+OWT_VALID_SPLIT = "train[-100000:]"  # the paper's OWT validation documents (SPEC 4)
+REFERENCE_SOURCES = {
+    "owt": f"OpenWebText validation ({OWT_HUB_ID}, {OWT_VALID_SPLIT}; Hub)",
+    "wikitext2": "WikiText-2 test, held-out articles (data mirror offline, else Hub)",
+}
+
+
+# --------------------------------------------------------------------------------- settings
+@dataclass(frozen=True)
+class GenerationSettings:
+    """What defines the samples (part of their identity). Defaults: the paper's (SPEC 5.3)."""
+
+    num_samples: int = 1000
+    max_new_tokens: int = 1023  # after the BOS prompt, filling a 1,024-token model
+    top_p: float = 0.95
+    repetition_penalty: float = 1.05
+    low_confidence_stop: LowConfidenceStop | None = LowConfidenceStop()
+    entropy_stop: EntropyStop | None = EntropyStop()
+    rejection: Rejection = Rejection()
+
+    def __post_init__(self):
+        if self.num_samples < 1 or self.max_new_tokens < 1:
+            raise ValueError(
+                f"num_samples and max_new_tokens must be >= 1, got {self.num_samples}, "
+                f"{self.max_new_tokens}"
+            )
+
+    @classmethod
+    def table4(cls, family: str, **changes) -> GenerationSettings:
+        """Paper Table 4's per-family decoding (``table4_decode_overrides``): AR p = 0.90, no
+        repetition penalty, stop confidence 0.005; BD3LM and SetDLM p = 0.95, penalty 1.05,
+        stop confidence 0.01. Table 4 has no MDLM row: MDLM gets the diffusion values."""
+        if family not in FAMILIES:
+            raise ValueError(f"family {family!r} is not one of {FAMILIES}")
+        if family == "ar":
+            top_p, penalty, confidence = 0.90, 1.00, 0.005
+        else:
+            top_p, penalty, confidence = 0.95, 1.05, 0.01
+        paper = cls(
+            top_p=top_p,
+            repetition_penalty=penalty,
+            low_confidence_stop=LowConfidenceStop(threshold=confidence),
+        )
+        return dataclasses.replace(paper, **changes)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ScoringSettings:
+    """How finished samples are scored (not part of the samples' identity)."""
+
+    references: str = "owt"
+    reference_revision: str | None = None  # Hub revision of the OWT dataset (None: default)
+    num_references: int = 1000  # the single-run MAUVE uses the first ones
+    reference_pool_limit: int | None = None  # bootstrap pool: every chunk of the split (None)
+    text_protocol: str = "clean"
+    featurizer: str = DEFAULT_FEATURIZER
+    featurizer_batch_size: int | None = None  # None: the featurizer's default
+    mauve: MauveSettings = MauveSettings()
+    mauve_seed: int = 1234
+    empty_policy: str = "drop"
+    empty_placeholder: str = "."
+    bootstrap_subsets: int = 5  # 0 skips the bootstrap
+    bootstrap_rng_seed: int = BOOTSTRAP_RNG_SEED
+    bootstrap_base_seed: int = BOOTSTRAP_BASE_SEED
+    evaluator: str | None = DEFAULT_EVALUATOR  # None skips gen-PPL
+    perplexity: PerplexitySettings = PerplexitySettings()
+
+    def __post_init__(self):
+        for name, value, allowed in (
+            ("references", self.references, REFERENCE_SOURCES),
+            ("text_protocol", self.text_protocol, TEXT_PROTOCOLS),
+            ("empty_policy", self.empty_policy, EMPTY_POLICIES),
+        ):
+            if value not in allowed:
+                raise ValueError(
+                    f"scoring setting {name}={value!r} is not one of {sorted(allowed)}"
+                )
+        if self.num_references < 2:
+            raise ValueError(f"num_references must be >= 2, got {self.num_references}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------------------------ task
+class UnconditionalTask(Task):
+    """Samples from a BOS prompt. Run it with ``run_unconditional`` (which regenerates
+    rejected samples); ``run_evaluation`` would decode each sample once, without rejection.
+
+    ``featurizer`` and ``evaluator`` may be given already loaded (to score several runs without
+    reloading them); they must be the ones the scoring settings name.
+    """
+
+    name = "unconditional"
+
+    def __init__(
+        self,
+        generation: GenerationSettings = GenerationSettings(),
+        scoring: ScoringSettings = ScoringSettings(),
+        featurizer: Featurizer | None = None,
+        evaluator: CausalScorer | None = None,
+    ):
+        for given, wanted, what in (
+            (featurizer, scoring.featurizer, "featurizer"),
+            (evaluator, scoring.evaluator, "evaluator"),
+        ):
+            if given is not None and given.identity["name"] != wanted:
+                raise ValueError(
+                    f"the {what} given is {given.identity['name']!r}, but the scoring settings "
+                    f"name {wanted!r}"
+                )
+        self.generation, self.scoring = generation, scoring
+        self.featurizer, self.evaluator = featurizer, evaluator
+        self._prepared = None  # (tokenizer, model) once examples() has run
+
+    def settings(self) -> dict:
+        return {"generation": self.generation.to_dict(), "scoring": self.scoring.to_dict()}
+
+    def examples(self, tokenizer, model) -> list[Example]:
+        bos = tokenizer.bos_token_id
+        if bos is None:
+            raise ValueError(
+                f"tokenizer {tokenizer.name_or_path!r} has no BOS token to prompt with"
+            )
+        if 1 + self.generation.max_new_tokens > model.config.length:
+            raise ValueError(
+                f"BOS + max_new_tokens={self.generation.max_new_tokens} exceeds the model length "
+                f"{model.config.length}; lower max_new_tokens"
+            )
+        self._prepared = (tokenizer, model)
+        prompt = tokenizer.decode([bos], skip_special_tokens=False)
+        return [
+            Example(id=f"sample-{i:05d}", input_ids=[bos], prompt=prompt, reference=None)
+            for i in range(self.generation.num_samples)
+        ]
+
+    def decode_config(self, base: DecodeConfig, tokenizer) -> DecodeConfig:
+        if tokenizer.eos_token_id is None:
+            raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no EOS token to stop at")
+        return base.replace(
+            max_new_tokens=self.generation.max_new_tokens,
+            do_sample=True,
+            top_p=self.generation.top_p,
+            repetition_penalty=self.generation.repetition_penalty,
+            eos_token_ids=(tokenizer.eos_token_id,),
+        )
+
+    def output_text(self, example: Example, new_ids: list[int], tokenizer) -> str:
+        return tokenizer.decode(new_ids, skip_special_tokens=True)
+
+    def score(self, example: Example, text: str) -> dict[str, float]:
+        # U+FFFD marks bytes that do not decode as UTF-8 (a byte-level BPE can end mid-character).
+        return {"characters": len(text), "invalid_utf8_output": float("\ufffd" in text)}
+
+    def aggregate(self, records: list[dict]) -> dict[str, dict]:
+        if self._prepared is None:
+            raise RuntimeError("aggregate() needs examples(tokenizer, model) to have run first")
+        tokenizer, model = self._prepared
+        if self.featurizer is None:
+            self.featurizer = load_featurizer(
+                self.scoring.featurizer, model.device, self.scoring.featurizer_batch_size
+            )
+        if self.evaluator is None and self.scoring.evaluator is not None:
+            self.evaluator = load_evaluator(self.scoring.evaluator, model.device)
+        return score_samples(
+            records,
+            tokenizer,
+            model,
+            self.generation,
+            self.scoring,
+            self.featurizer,
+            self.evaluator,
+        )
+
+
+# ----------------------------------------------------------------------------- decoding loop
+def attempt_seed(sample_seed: int, attempt: int) -> int:
+    """Attempt 0 uses the sample's own seed; a regeneration derives one from (seed, attempt)."""
+    return sample_seed if attempt == 0 else example_seed(sample_seed, f"attempt-{attempt}")
+
+
+def engine_reports_confidences() -> bool:
+    return "new_token_confidences" in {f.name for f in dataclasses.fields(GenerationOutput)}
+
+
+def run_unconditional(
+    task: UnconditionalTask,
+    model,
+    tokenizer,
+    decode: DecodeConfig,
+    out_dir: str | Path,
+    settings: RunSettings | None = None,
+    model_source: str = "",
+) -> dict:
+    """Generate every sample not yet in ``samples.jsonl`` (with rejection), then score them."""
+    out_dir = Path(out_dir)
+    settings = settings or RunSettings()
+    generation = task.generation
+    if generation.low_confidence_stop is not None and not engine_reports_confidences():
+        raise ValueError(
+            "the low-confidence stop rule needs the confidence of every committed token, which "
+            "the decoding engine does not report yet (GenerationOutput.new_token_confidences); "
+            "set GenerationSettings(low_confidence_stop=None) to run without it"
+        )
+    decode = task.decode_config(decode, tokenizer)
+    sample_identity = {
+        "task": task.name,
+        "task_settings": generation.to_dict(),
+        "model_config": model.config.to_dict(),
+        "model_source": model_source,
+        "decode": decode.to_dict(),
+        "seed": settings.seed,
+    }
+    identity = sample_identity | {"scoring": task.scoring.to_dict()}
+    digest = config_hash(identity)
+    metrics_path = out_dir / "metrics.json"
+    if metrics_path.exists():
+        finished = json.loads(metrics_path.read_text())
+        if finished.get("config_hash") == digest:
+            return finished
+    examples = task.examples(tokenizer, model)  # checks the settings against the model
+    claim_folder(out_dir, sample_identity, config_hash(sample_identity))
+
+    log = SampleLog(out_dir / "samples.jsonl")
+    done = log.load()
+    pending = [example for example in examples if example.id not in done]
+    device = model.device
+    reset_peak_memory(device)
+    for start in range(0, len(pending), settings.batch_size):
+        batch = pending[start : start + settings.batch_size]
+        warmup = start < settings.warmup_examples
+        attempts = _generate_with_rejection(model, tokenizer, decode, batch, generation, settings)
+        for example in batch:
+            log.append(_record(task, example, attempts[example.id], tokenizer, len(batch), warmup))
+
+    records = log.load()
+    missing = [e.id for e in examples if e.id not in records]
+    if missing:
+        raise RuntimeError(f"{out_dir}: {len(missing)} sample(s) missing, e.g. {missing[:3]}")
+    ordered = [records[e.id] for e in examples]
+    metrics = {
+        "task": task.name,
+        "examples": len(ordered),
+        "quality": task.aggregate(ordered),
+        "speed": summarize_speed(ordered) | {"peak_memory": peak_memory_bytes(device)},
+        "config": identity,
+        "config_hash": digest,
+        "samples_config_hash": config_hash(sample_identity),
+        "run": dataclasses.asdict(settings),
+        "code_versions": sorted({r["code_version"] for r in ordered}),
+        "hardware": hardware(device),
+        "software": software_versions(),
+    }
+    atomic_write_json(metrics_path, metrics)
+    return json.loads(metrics_path.read_text())
+
+
+def _generate_with_rejection(model, tokenizer, decode, batch, generation, settings) -> dict:
+    """Every attempt of every sample of ``batch``: rejected rows are decoded again together
+    until each is accepted or out of attempts. Returns {id: [attempt, ...]}."""
+    sample_seeds = {e.id: example_seed(settings.seed, e.id) for e in batch}
+    attempts: dict[str, list[dict]] = {e.id: [] for e in batch}
+    active = list(batch)
+    while active:
+        seeds = [attempt_seed(sample_seeds[e.id], len(attempts[e.id])) for e in active]
+        with synchronized_timer(model.device) as elapsed:
+            output = model.generate(
+                [e.input_ids for e in active], decode, seeds=seeds, tokenizer=tokenizer
+            )
+        confidences = getattr(output, "new_token_confidences", None)
+        regenerate = []
+        for row, example in enumerate(active):
+            kept, reason = apply_stop_rules(
+                output.new_token_ids[row],
+                output.stopped[row],
+                decode.eos_token_ids,
+                None if confidences is None else confidences[row],
+                generation.low_confidence_stop,
+                generation.entropy_stop,
+            )
+            verdict = generation.rejection.verdict(kept)
+            attempts[example.id].append(
+                {
+                    "seed": seeds[row],
+                    "output_ids": kept,
+                    "stop_reason": reason,
+                    "rejected": verdict,
+                    "decoded_tokens": output.num_generated[row],
+                    "nfe": output.row_forwards[row],
+                    "steps": output.row_steps[row],
+                    "parallelism": output.parallelism[row],
+                    "latency_seconds": elapsed["seconds"],
+                    "seconds": elapsed["seconds"] / len(active),
+                    "batch_size": len(active),
+                }
+            )
+            if (
+                verdict is not None
+                and len(attempts[example.id]) < generation.rejection.max_attempts
+            ):
+                regenerate.append(example)
+        active = regenerate
+    return attempts
+
+
+def _record(task, example, attempts: list[dict], tokenizer, batch_size: int, warmup: bool) -> dict:
+    """One ``samples.jsonl`` line: the last attempt's sample, and the cost of all attempts."""
+    final = attempts[-1]
+    ids = final["output_ids"]
+    text = task.output_text(example, ids, tokenizer)
+    steps = sum(a["steps"] for a in attempts)
+    committed = sum(a["parallelism"] * a["steps"] for a in attempts)
+    return {
+        "id": example.id,
+        "prompt": example.prompt,
+        "reference": example.reference,
+        "seed": attempts[0]["seed"],
+        "output_text": text,
+        "output_ids": ids,
+        "stop_reason": final["stop_reason"],
+        "accepted": final["rejected"] is None,
+        "scores": task.score(example, text)
+        | {"unigram_entropy": unigram_entropy(ids), "length": len(ids)},
+        # Speed fields cover every attempt: what producing this sample cost.
+        "generated_tokens": sum(a["decoded_tokens"] for a in attempts),
+        "stopped": final["stop_reason"] != "max_new_tokens",
+        "nfe": sum(a["nfe"] for a in attempts),
+        "steps": steps,
+        "parallelism": committed / steps if steps else 0.0,
+        "latency_seconds": sum(a["latency_seconds"] for a in attempts),
+        "seconds": sum(a["seconds"] for a in attempts),
+        "batch_size": batch_size,
+        "warmup": warmup,
+        "code_version": code_version(),
+        "attempts": [{k: v for k, v in a.items() if k != "output_ids"} for a in attempts],
+    }
+
+
+# ------------------------------------------------------------------------------ references
+@dataclass(frozen=True)
+class ReferencePool:
+    chunks: torch.Tensor  # (N, L) token ids: BOS + the next L - 1 tokens of the stream
+    info: dict
+
+
+def load_reference_pool(
+    source: str, tokenizer, length: int, limit: int | None, revision: str | None = None
+) -> ReferencePool:
+    """Held-out documents, chunked like the training data (``ChunkedLMDataset``: one token
+    stream with EOS after each document, wrapped into BOS + ``length - 1`` token chunks); the
+    first ``limit`` chunks, or all of them."""
+    if source == "wikitext2":
+        from setdlm.data.text import load_wikitext2
+
+        documents = load_wikitext2().heldout
+    elif source == "owt":
+        if os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1":
+            raise ValueError(
+                "references='owt' loads OpenWebText from the Hub, which is offline here; "
+                "use references='wikitext2'"
+            )
+        import datasets
+
+        split = datasets.load_dataset(OWT_HUB_ID, split=OWT_VALID_SPLIT, revision=revision)
+        documents = split["text"]
+    else:
+        raise ValueError(f"reference source {source!r} is not one of {sorted(REFERENCE_SOURCES)}")
+    chunks, used = first_chunks(documents, tokenizer, length, limit)
+    info = {
+        "source": source,
+        "description": REFERENCE_SOURCES[source],
+        "revision": revision,
+        "documents": len(documents),
+        "documents_tokenized": used,
+        "chunk_tokens": length,
+        "pool_size": len(chunks),
+        "tokenizer": tokenizer.name_or_path,
+    }
+    return ReferencePool(chunks, info)
+
+
+def first_chunks(documents, tokenizer, length: int, limit: int | None):
+    """The first ``limit`` chunks (all with None) and how many documents were tokenized.
+
+    The chunks of the first k documents are the first chunks of all documents (they share one
+    token stream), so a limited pool tokenizes twice as many documents at a time until it has
+    enough, instead of the whole split.
+    """
+    from setdlm.data.text import ChunkedLMDataset
+
+    used = len(documents) if limit is None else min(len(documents), 256)
+    while True:
+        try:
+            chunks = ChunkedLMDataset(documents[:used], tokenizer, length).input_ids  # (N, L)
+        except ValueError:  # not one full chunk yet
+            if used == len(documents):
+                raise
+            chunks = torch.empty((0, length), dtype=torch.long)
+        if limit is None or len(chunks) >= limit or used == len(documents):
+            return chunks[:limit], used
+        used = min(2 * used, len(documents))
+
+
+def reference_text(chunk, tokenizer, protocol: str) -> str:
+    body = list(chunk[1:])  # the chunk's BOS is ours, not part of the text stream
+    return tokenizer.decode(body, skip_special_tokens=protocol == "clean")
+
+
+def generation_text(ids: list[int], tokenizer, protocol: str) -> str:
+    if protocol == "clean":
+        return tokenizer.decode(ids, skip_special_tokens=True)
+    return tokenizer.decode([tokenizer.bos_token_id, *ids], skip_special_tokens=False)
+
+
+# --------------------------------------------------------------------------------- scoring
+def score_samples(
+    records,
+    tokenizer,
+    model,
+    generation: GenerationSettings,
+    scoring: ScoringSettings,
+    featurizer: Featurizer,
+    evaluator: CausalScorer | None,
+) -> dict:
+    """Quality metrics of finished samples: {name: {"value", "definition", ...}}."""
+    ids = [r["output_ids"] for r in records]
+    quality = _mauve_metrics(ids, tokenizer, model.config.length, scoring, featurizer)
+    if evaluator is not None:
+        texts = [r["output_text"] for r in records]
+        quality["gen_ppl"] = _gen_ppl_metric(texts, evaluator, scoring.perplexity)
+    entropies = [unigram_entropy(tokens) for tokens in ids]
+    lengths = [len(tokens) for tokens in ids]
+    quality["unigram_entropy"] = {
+        "value": statistics.mean(entropies),
+        "std": statistics.pstdev(entropies),
+        "definition": "mean over samples of the entropy (nats) of the sample's token-id "
+        "frequencies (generated tokens kept, EOS excluded)",
+    }
+    quality["length"] = {
+        "value": statistics.mean(lengths),
+        "std": statistics.pstdev(lengths),
+        "definition": "mean number of kept generated tokens per sample (EOS excluded)",
+    }
+    quality["rejection"] = _rejection_metric(records, generation)
+    quality["stop_reasons"] = {
+        "value": len(records),
+        "counts": _counts(r["stop_reason"] for r in records),
+        "definition": "why each kept sample ended (eos, low_confidence, entropy, max_new_tokens)",
+    }
+    quality["empty_outputs"] = {
+        "value": sum(not r["output_text"] for r in records),
+        "definition": "samples whose text (special tokens removed) is empty: no kept token, or "
+        "only special ones; MAUVE handles them by its empty-text policy, gen-PPL scores none "
+        "of their tokens",
+    }
+    quality["invalid_utf8_outputs"] = {
+        "value": int(sum(r["scores"]["invalid_utf8_output"] for r in records)),
+        "definition": "samples whose bytes are not valid UTF-8 (decoded with U+FFFD); "
+        "scored as decoded",
+    }
+    return quality
+
+
+def _mauve_metrics(ids, tokenizer, length: int, scoring: ScoringSettings, featurizer) -> dict:
+    # "paper" texts always hold the BOS marker, so only "clean" texts can be empty.
+    generations = [generation_text(tokens, tokenizer, scoring.text_protocol) for tokens in ids]
+    policy = apply_empty_policy(generations, scoring.empty_policy, scoring.empty_placeholder)
+    if len(policy.texts) < 2:
+        raise ValueError(
+            f"MAUVE needs at least 2 generations, but {len(policy.empty)} of {len(ids)} are empty "
+            f"and empty_policy={scoring.empty_policy!r} leaves {len(policy.texts)}"
+        )
+    pool = load_reference_pool(
+        scoring.references,
+        tokenizer,
+        length,
+        scoring.reference_pool_limit,
+        scoring.reference_revision,
+    )
+    if len(pool.chunks) < scoring.num_references:
+        raise ValueError(
+            f"{pool.info['description']}: {len(pool.chunks)} chunks of {length} "
+            f"tokens, fewer than num_references={scoring.num_references}"
+        )
+    first = list(range(scoring.num_references))
+    subsets = bootstrap_subsets(
+        len(pool.chunks),
+        scoring.num_references,
+        scoring.bootstrap_subsets,
+        scoring.bootstrap_rng_seed,
+    )
+    # Featurize each needed chunk once; the single run and the subsets pick rows of it.
+    needed = sorted(set(first).union(*subsets))
+    row_of = {index: row for row, index in enumerate(needed)}
+    texts = [reference_text(pool.chunks[i], tokenizer, scoring.text_protocol) for i in needed]
+    reference_features = featurizer.features(texts)  # (len(needed), d)
+    generation_features = featurizer.features(policy.texts)  # (generations kept, d)
+
+    references = pool.info | {
+        "num_references": scoring.num_references,
+        "decoding": TEXT_PROTOCOLS[scoring.text_protocol],
+        "sha256_first": _digest([texts[row_of[i]] for i in first]),
+    }
+    common = {
+        "featurizer": featurizer.identity | {"id": featurizer.identity_string},
+        "text_protocol": scoring.text_protocol,
+        "mauve_settings": scoring.mauve.to_dict(),
+        "empty_generations": {"policy": scoring.empty_policy, "count": len(policy.empty)},
+        "mauve_text_version": importlib.metadata.version("mauve-text"),
+    }
+    single = mauve_from_features(
+        reference_features[[row_of[i] for i in first]],
+        generation_features,
+        scoring.mauve_seed,
+        scoring.mauve,
+    )
+    quality = {
+        "mauve": {
+            "value": single["mauve"],
+            "definition": "MAUVE (mauve-text; P = references, Q = generations) of the samples "
+            f"against the first {scoring.num_references} reference chunks, features from "
+            f"{featurizer.identity_string}; not comparable across featurizers",
+            **single,
+            **common,
+            "references": references,
+        }
+    }
+    if subsets:
+        boot = mauve_bootstrap(
+            reference_features,
+            generation_features,
+            [[row_of[i] for i in subset] for subset in subsets],
+            scoring.bootstrap_base_seed,
+            scoring.mauve,
+        )
+        quality["mauve_bootstrap"] = {
+            "value": boot["mean"],
+            "definition": f"mean (and std, ddof 0) of MAUVE over {len(subsets)} reference subsets "
+            f"of {scoring.num_references} chunks drawn without replacement from the pool "
+            f"(numpy default_rng({scoring.bootstrap_rng_seed})); run i seeded "
+            f"{scoring.bootstrap_base_seed} + i",
+            **boot,
+            **common,
+            "references": references | {"subsets_sha256": _digest(map(str, subsets))},
+        }
+    return quality
+
+
+def _digest(texts) -> str:
+    return hashlib.sha256("\x00".join(texts).encode()).hexdigest()
+
+
+def _gen_ppl_metric(texts: list[str], evaluator: CausalScorer, settings) -> dict:
+    result = generative_perplexity(evaluator, texts, settings)
+    context = min(settings.context, evaluator.max_context)
+    return {
+        "value": result["perplexity"],
+        "definition": "exp(total NLL / total scored tokens) of the generated texts, re-tokenized "
+        "by the evaluator, scored with a sliding window, EOS tokens excluded",
+        "evaluator": evaluator.identity,
+        "settings": settings.to_dict()
+        | {"effective_context": context, "effective_stride": min(settings.stride, context)},
+        **{k: v for k, v in result.items() if k != "per_text"},
+    }
+
+
+def _rejection_metric(records, generation: GenerationSettings) -> dict:
+    attempts = [a for r in records for a in r["attempts"]]
+    reasons = _counts(a["rejected"] for a in attempts if a["rejected"] is not None)
+    return {
+        "value": sum(reasons.values()),
+        "attempts": len(attempts),
+        "rejected_by_reason": reasons,
+        "samples_regenerated": sum(len(r["attempts"]) > 1 for r in records),
+        "samples_out_of_attempts": sum(not r["accepted"] for r in records),
+        "policy": generation.rejection.to_dict(),
+        "definition": "attempts rejected (and regenerated while attempts remain): unigram "
+        f"entropy < {generation.rejection.entropy_below} nats or at most "
+        f"{generation.rejection.length_at_most} kept tokens; a sample out of attempts keeps "
+        "its last one",
+    }
+
+
+def _counts(values) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    return dict(sorted(counts.items()))
