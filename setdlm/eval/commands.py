@@ -1,0 +1,227 @@
+"""The ``setdlm eval TASK`` command line: one result folder per decoding point.
+
+Every task takes the model (folder, key or Hub id), the output folder and the family knobs.
+Several ``--threshold`` values make a confidence-threshold sweep: each τ is a result of its own,
+in ``OUT/tau-<τ>/``. The paper's per-family settings (MDLM block, BD3LM S, SetDLM W) are the
+defaults for each task; ``--window`` / ``--block-size`` override them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from setdlm.core.decoding import DecodeConfig
+
+TASKS = ("gsm8k", "cnndm", "infill", "unconditional", "likelihood")
+
+
+def add_parsers(commands) -> None:
+    evaluate = commands.add_parser("eval", help="evaluation runs (quality and speed)")
+    tasks = evaluate.add_subparsers(dest="task", required=True)
+    parsers = {
+        name: tasks.add_parser(name, help=help_text)
+        for name, help_text in [
+            ("gsm8k", "GSM8K with the paper's prompt, stop and answer extraction"),
+            ("cnndm", "CNN/DailyMail summarization, ROUGE-1/2/L/Lsum"),
+            ("infill", "ROCStories infilling (infill-1 / infill-3), ROUGE-1/2/L"),
+            ("unconditional", "samples from BOS: MAUVE (bootstrap), gen-PPL, unigram entropy"),
+            ("likelihood", "held-out NLL / PPL / bits per token and byte"),
+        ]
+    }
+    for name, parser in parsers.items():
+        parser.add_argument("--model", required=True, help="folder, key or Hub id")
+        parser.add_argument("--out", type=Path, required=True)
+        parser.add_argument("--tokenizer", default=None, help="default: the model's own")
+        parser.add_argument("--seed", type=int, default=1234 if name != "likelihood" else 0)
+        parser.add_argument("--batch-size", type=int, default=1 if name != "likelihood" else 8)
+        parser.add_argument("--limit", type=int, default=None, help="first N examples")
+        if name != "likelihood":
+            parser.add_argument(
+                "--threshold",
+                type=float,
+                nargs="+",
+                default=[1e6],
+                help="confidence τ; several values make a sweep",
+            )
+            parser.add_argument("--window", type=int, default=None, help="SetDLM W")
+            parser.add_argument("--block-size", type=int, default=None, help="MDLM/BD3LM block")
+            parser.add_argument("--warmup", type=int, default=1, help="untimed first examples")
+    gsm8k = parsers["gsm8k"]
+    gsm8k.add_argument("--protocol", choices=("pareto", "accuracy"), default="pareto")
+    gsm8k.add_argument("--max-new-tokens", type=int, default=None)
+    cnndm = parsers["cnndm"]
+    cnndm.add_argument("--stop", choices=("first_eos", "official_pattern"), default="first_eos")
+    infill = parsers["infill"]
+    infill.add_argument("--variant", choices=("infill-1", "infill-3"), default="infill-1")
+    infill.add_argument("--repetition", choices=("paper", "script_default"), default="paper")
+    infill.add_argument(
+        "--skip-too-long",
+        action="store_true",
+        help="skip stories longer than the model (counted) instead of failing",
+    )
+    unconditional = parsers["unconditional"]
+    unconditional.add_argument("--samples", type=int, default=1000)
+    unconditional.add_argument(
+        "--max-new-tokens", type=int, default=None, help="default: fill the model length after BOS"
+    )
+    unconditional.add_argument(
+        "--table4", action="store_true", help="the per-family settings of the paper's Table 4"
+    )
+    unconditional.add_argument("--top-p", type=float, default=None)
+    unconditional.add_argument("--repetition-penalty", type=float, default=None)
+    unconditional.add_argument("--no-confidence-stop", action="store_true")
+    unconditional.add_argument("--no-entropy-stop", action="store_true")
+    unconditional.add_argument(
+        "--reject", default="4.0,50,10", help="ENTROPY,LENGTH,MAX_ATTEMPTS of the rejection policy"
+    )
+    unconditional.add_argument("--references", choices=("owt", "wikitext2"), default="owt")
+    unconditional.add_argument("--num-references", type=int, default=1000)
+    unconditional.add_argument("--featurizer", default="gpt2-large")
+    unconditional.add_argument(
+        "--evaluator", default="gpt2-large", help="gen-PPL evaluator (Hub id, folder or 'none')"
+    )
+    unconditional.add_argument("--text-protocol", choices=("clean", "paper"), default="clean")
+    unconditional.add_argument("--bootstrap-subsets", type=int, default=5)
+    likelihood = parsers["likelihood"]
+    likelihood.add_argument("--data", choices=("wikitext2", "owt", "lm1b"), default="wikitext2")
+    likelihood.add_argument("--samples", type=int, default=1, help="Monte-Carlo draws")
+
+
+def run(args: argparse.Namespace) -> int:
+    from setdlm.data.tokenizers import load_tokenizer
+    from setdlm.eval.runner import RunSettings
+    from setdlm.zoo import load_pretrained, load_tokenizer_for
+
+    loaded = load_pretrained(args.model)
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else load_tokenizer_for(loaded)
+    if args.task == "likelihood":
+        from setdlm.eval.likelihood import run_likelihood
+
+        metrics = run_likelihood(
+            loaded.model,
+            tokenizer,
+            args.data,
+            args.out,
+            num_samples=args.samples,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            limit=args.limit,
+            model_source=args.model,
+        )
+        print(json.dumps(metrics["quality"], indent=1))
+        return 0
+    settings = RunSettings(seed=args.seed, batch_size=args.batch_size, warmup_examples=args.warmup)
+    sweep = len(args.threshold) > 1
+    for threshold in args.threshold:
+        out = args.out / f"tau-{threshold:g}" if sweep else args.out
+        metrics = _run_point(args, loaded, tokenizer, threshold, out, settings)
+        print(
+            json.dumps(
+                {
+                    "confidence_threshold": threshold,
+                    "out": str(out),
+                    "quality": metrics["quality"],
+                    "speed": metrics["speed"],
+                },
+                indent=1,
+            )
+        )
+    return 0
+
+
+def _run_point(args, loaded, tokenizer, threshold: float, out: Path, settings) -> dict:
+    from setdlm.eval.runner import run_evaluation
+
+    model, source = loaded.model, loaded.spec or loaded.model
+    base = DecodeConfig(confidence_threshold=threshold)
+    if args.task == "gsm8k":
+        from setdlm.eval.gsm8k import GSM8KTask, gsm8k_decode_config
+
+        task = GSM8KTask(
+            protocol=args.protocol, limit=args.limit, max_new_tokens=args.max_new_tokens
+        )
+        decode = gsm8k_decode_config(model, base)
+    elif args.task == "cnndm":
+        from setdlm.eval.cnndm import CnnDmSettings, CnnDmTask, settings_for_model_length
+        from setdlm.eval.paper_decoding import cnndm_decode_config
+
+        eos = tokenizer.convert_ids_to_tokens(model.config.eos_token_id)
+        task_settings = CnnDmSettings(limit=args.limit, stop=args.stop, eos_token=eos)
+        if model.config.length < 768:
+            task_settings = settings_for_model_length(model.config.length, tokenizer, task_settings)
+        task, decode = CnnDmTask(task_settings), cnndm_decode_config(source, base)
+    elif args.task == "infill":
+        from setdlm.eval.infill import InfillSettings, InfillTask
+        from setdlm.eval.paper_decoding import infill_decode_config
+
+        task = InfillTask(
+            InfillSettings(
+                variant=args.variant,
+                repetition=args.repetition,
+                limit=args.limit,
+                too_long="skip" if args.skip_too_long else "error",
+            )
+        )
+        decode = infill_decode_config(source, base)
+    else:
+        return _run_unconditional(args, loaded, tokenizer, base, out, settings)
+    if args.window:
+        decode = decode.replace(window=args.window)
+    if args.block_size:
+        decode = decode.replace(block_size=args.block_size)
+    return run_evaluation(task, model, tokenizer, decode, out, settings, model_source=args.model)
+
+
+def _run_unconditional(args, loaded, tokenizer, base: DecodeConfig, out: Path, settings) -> dict:
+    from setdlm.eval.sample_rules import Rejection
+    from setdlm.eval.unconditional import (
+        GenerationSettings,
+        ScoringSettings,
+        UnconditionalTask,
+        run_unconditional,
+    )
+
+    family = loaded.model.config.family
+    entropy, length, attempts = args.reject.split(",")
+    changes = {
+        "num_samples": args.samples,
+        "max_new_tokens": args.max_new_tokens or loaded.model.config.length - 1,
+        "rejection": Rejection(float(entropy), int(length), int(attempts)),
+    }
+    if args.top_p is not None:
+        changes["top_p"] = args.top_p
+    if args.repetition_penalty is not None:
+        changes["repetition_penalty"] = args.repetition_penalty
+    if args.no_confidence_stop:
+        changes["low_confidence_stop"] = None
+    if args.no_entropy_stop:
+        changes["entropy_stop"] = None
+    generation = (
+        GenerationSettings.table4(family, **changes)
+        if args.table4
+        else GenerationSettings(**changes)
+    )
+    scoring = ScoringSettings(
+        references=args.references,
+        num_references=args.num_references,
+        text_protocol=args.text_protocol,
+        featurizer=args.featurizer,
+        evaluator=None if args.evaluator == "none" else args.evaluator,
+        bootstrap_subsets=args.bootstrap_subsets,
+    )
+    decode = base
+    if args.window:
+        decode = decode.replace(window=args.window)
+    if args.block_size:
+        decode = decode.replace(block_size=args.block_size)
+    return run_unconditional(
+        UnconditionalTask(generation, scoring),
+        loaded.model,
+        tokenizer,
+        decode,
+        out,
+        settings,
+        model_source=args.model,
+    )
