@@ -115,7 +115,7 @@ def test_every_eval_command_writes_a_result(trained_tiny, tmp_path, capsys):
     model = str(trained_tiny / "setdlm" / "model")
     runs = {
         "gsm8k": ["--limit", "2", "--max-new-tokens", "12", "--threshold", "1e6", "0.5"],
-        "cnndm": ["--limit", "2"],
+        "cnndm": ["--limit", "2", "--paper-throughput", "3", "--paper-warmup", "1"],
         "infill": ["--limit", "2", "--skip-too-long", "--variant", "infill-3"],
         "unconditional": [
             "--samples",
@@ -144,5 +144,10 @@ def test_every_eval_command_writes_a_result(trained_tiny, tmp_path, capsys):
         for folder in folders:
             metrics = json.loads((folder / "metrics.json").read_text())
             assert metrics["quality"] and metrics["config_hash"], task
+    throughput = json.loads((tmp_path / "cnndm" / "throughput.json").read_text())
+    assert (
+        throughput["tokens_per_second_mean"] > 0
+        and "1 warm-up, 3 measured" in throughput["protocol"]
+    )
     assert main(["lm-eval-tasks", str(tmp_path / "tasks"), "--source", "local"]) == 0
     assert any((tmp_path / "tasks").rglob("*.yaml"))

@@ -48,6 +48,16 @@ def add_parsers(commands) -> None:
             parser.add_argument("--window", type=int, default=None, help="SetDLM W")
             parser.add_argument("--block-size", type=int, default=None, help="MDLM/BD3LM block")
             parser.add_argument("--warmup", type=int, default=1, help="untimed first examples")
+        if name in ("gsm8k", "cnndm", "infill"):
+            parser.add_argument(
+                "--paper-throughput",
+                type=int,
+                default=0,
+                metavar="N",
+                help="also time N examples with the paper's separate protocol "
+                "(batch 1, --paper-warmup untimed first), to throughput.json",
+            )
+            parser.add_argument("--paper-warmup", type=int, default=50)
     gsm8k = parsers["gsm8k"]
     gsm8k.add_argument("--protocol", choices=("pareto", "accuracy"), default="pareto")
     gsm8k.add_argument("--max-new-tokens", type=int, default=None)
@@ -171,7 +181,21 @@ def _run_point(args, loaded, tokenizer, threshold: float, out: Path, settings) -
         decode = decode.replace(window=args.window)
     if args.block_size:
         decode = decode.replace(block_size=args.block_size)
-    return run_evaluation(task, model, tokenizer, decode, out, settings, model_source=args.model)
+    metrics = run_evaluation(task, model, tokenizer, decode, out, settings, model_source=args.model)
+    if args.paper_throughput:
+        from setdlm.eval.throughput import paper_throughput
+
+        paper_throughput(
+            task,
+            model,
+            tokenizer,
+            decode,
+            out,
+            measured=args.paper_throughput,
+            warmup=args.paper_warmup,
+            seed=args.seed,
+        )
+    return metrics
 
 
 def _run_unconditional(args, loaded, tokenizer, base: DecodeConfig, out: Path, settings) -> dict:
