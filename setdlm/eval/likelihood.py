@@ -38,6 +38,22 @@ def heldout_documents(name: str) -> list[str]:
     raise ValueError(f"unknown held-out set {name!r}; choose from {HELDOUT_SETS}")
 
 
+def quality_metrics(result) -> dict[str, dict]:
+    """The result in the shared ``{name: {"value", "definition"}}`` form of metrics.json."""
+    per_token = f"{result.measured}, nats per counted token"
+    return {
+        "nll": {"value": result.nll, "definition": per_token},
+        "perplexity": {"value": result.perplexity, "definition": f"exp of the {per_token}"},
+        "bits_per_token": {"value": result.bits_per_token, "definition": "nll / ln 2"},
+        "bits_per_byte": {
+            "value": result.bits_per_byte,
+            "definition": "total NLL / ln 2 / UTF-8 bytes of the counted tokens",
+        },
+        "tokens": {"value": result.tokens, "definition": "counted tokens"},
+        "sequences": {"value": result.sequences, "definition": "held-out chunks"},
+    }
+
+
 def run_likelihood(
     model,
     tokenizer,
@@ -85,7 +101,8 @@ def run_likelihood(
     result = summarize([records[i] for i in ids], model.config.family, num_samples)
     metrics = {
         "task": "likelihood",
-        "quality": result.to_dict(),
+        "examples": count,
+        "quality": quality_metrics(result),
         "config": identity,
         "config_hash": digest,
         "code_versions": sorted({records[i]["code_version"] for i in ids}),
