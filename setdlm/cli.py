@@ -68,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     tasks.add_argument("folder", type=Path)
     tasks.add_argument("--source", choices=("auto", "local", "hub"), default="auto")
 
+    # Subcommands with their own argument parsers (arguments pass through).
+    for name, help_text in PASSTHROUGH_HELP.items():
+        forwarded = commands.add_parser(name, help=help_text, add_help=False)
+        forwarded.add_argument("rest", nargs=argparse.REMAINDER)
+
     bench = commands.add_parser("bench", help="benchmarks")
     bench_commands = bench.add_subparsers(dest="bench", required=True)
     decode = bench_commands.add_parser(
@@ -82,11 +87,17 @@ def main(argv: list[str] | None = None) -> int:
     decode.add_argument("--thresholds", type=float, nargs="+", default=[1e6, 0.9])
     decode.add_argument("--repeats", type=int, default=3)
 
-    args = parser.parse_args(argv)
-    if args.threads:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    threads = int(argv[1]) if argv[:1] == ["--threads"] and len(argv) > 1 else None
+    command_argv = argv[2:] if threads else argv
+    if threads:
         import torch
 
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(threads)
+    if command_argv and command_argv[0] in (*PASSTHROUGH, "lm-eval"):
+        # These commands parse their own arguments, options included.
+        return _forward(argparse.Namespace(command=command_argv[0], rest=command_argv[1:]))
+    args = parser.parse_args(argv)
     return COMMANDS[args.command](args)
 
 
@@ -205,7 +216,30 @@ def _lm_eval_tasks(args) -> int:
     return 0
 
 
+# name -> ("module:function taking argv and returning an exit code", help)
+PASSTHROUGH = {
+    "data": ("setdlm.workflow.data:main", "prepare task data with a sha256 + row-count manifest"),
+    "train": ("setdlm.workflow.train:main", "train one model of a workflow configuration"),
+    "profile": ("setdlm.workflow.profile:main", "install the Snakemake profiles (slurm)"),
+    "sync": ("setdlm.tracking:sync_main", "mirror finished results into MLflow (idempotent)"),
+    "ui": ("setdlm.tracking:ui_main", "open the MLflow UI on the local store"),
+    "report": ("setdlm.report:main", "tables and Pareto figures from the result files"),
+    "check": ("setdlm.report:check_main", "compare results with a committed baseline"),
+}
+PASSTHROUGH_HELP = {name: help_text for name, (_, help_text) in PASSTHROUGH.items()}
+
+
+def _forward(args) -> int:
+    import importlib
+
+    if args.command == "lm-eval":
+        return _lm_eval(args)
+    module, function = PASSTHROUGH[args.command][0].split(":")
+    return getattr(importlib.import_module(module), function)(args.rest)
+
+
 COMMANDS = {
+    **{name: _forward for name in PASSTHROUGH},
     "eval": _eval,
     "lm-eval": _lm_eval,
     "lm-eval-tasks": _lm_eval_tasks,
