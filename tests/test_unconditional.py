@@ -26,7 +26,6 @@ from setdlm.eval.unconditional import (
     ScoringSettings,
     UnconditionalTask,
     attempt_seed,
-    engine_reports_confidences,
     first_chunks,
     generation_text,
     load_reference_pool,
@@ -315,10 +314,6 @@ def test_low_confidence_stop_uses_the_engines_confidences(trained_tiny, scorers,
     rule = LowConfidenceStop(min_tokens=20, run=3, threshold=0.5)
     generation = dataclasses.replace(TINY_GENERATION, low_confidence_stop=rule, entropy_stop=None)
     task = _task(scorers, generation, bootstrap_subsets=0)
-    if not engine_reports_confidences():
-        with pytest.raises(ValueError, match="new_token_confidences"):
-            run_unconditional(task, model, tokenizer, DecodeConfig(), tmp_path)
-        return
     run_unconditional(task, model, tokenizer, DecodeConfig(), tmp_path)
     records = SampleLog(tmp_path / "samples.jsonl").load().values()
     stopped = [r for r in records if r["stop_reason"] == "low_confidence"]

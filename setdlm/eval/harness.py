@@ -55,7 +55,7 @@ from setdlm.core.decoding import DecodeConfig
 from setdlm.data.tokenizers import load_tokenizer
 from setdlm.eval import gsm8k
 from setdlm.eval.records import SampleLog, example_seed
-from setdlm.eval.timing import summarize_speed, synchronized_timer
+from setdlm.eval.timing import decoding_fields, summarize_speed, synchronized_timer
 from setdlm.files import atomic_write_json
 from setdlm.paths import data_dir, data_path
 from setdlm.zoo import load_pretrained, load_tokenizer_for
@@ -259,14 +259,7 @@ class SetDLMHarnessLM(LM):
                 "prompt_tokens": len(job.prompt_ids),
                 "output_text": text,
                 "output_ids": new_ids,
-                "generated_tokens": output.num_generated[row],
-                "stopped": output.stopped[row],
-                "nfe": output.row_forwards[row],
-                "steps": output.row_steps[row],
-                "parallelism": output.parallelism[row],
-                "latency_seconds": elapsed["seconds"],
-                "seconds": elapsed["seconds"] / len(batch),
-                "batch_size": len(batch),
+                **decoding_fields(output, row, elapsed["seconds"], len(batch)),
                 "warmup": len(self.generation_records) < self.warmup,
                 "seed": job.seed,
             }

@@ -22,6 +22,7 @@ from setdlm.core.decoding import DecodeConfig
 from setdlm.eval.fingerprint import code_version, hardware, software_versions
 from setdlm.eval.records import SampleLog, config_hash, example_seed
 from setdlm.eval.timing import (
+    decoding_fields,
     peak_memory_bytes,
     reset_peak_memory,
     summarize_speed,
@@ -129,18 +130,18 @@ def run_evaluation(
                     "output_text": text,
                     "output_ids": output.new_token_ids[row],
                     "scores": task.score(example, text),
-                    "generated_tokens": output.num_generated[row],
-                    "stopped": output.stopped[row],
-                    "nfe": output.row_forwards[row],
-                    "steps": output.row_steps[row],
-                    "parallelism": output.parallelism[row],
-                    "latency_seconds": elapsed["seconds"],
-                    "seconds": elapsed["seconds"] / len(batch),
-                    "batch_size": len(batch),
+                    **decoding_fields(output, row, elapsed["seconds"], len(batch)),
                     "warmup": warmup,
                     "code_version": code_version(),
                 }
             )
+    return finish_run(task, examples, log, out_dir, identity, digest, settings, device)
+
+
+def finish_run(
+    task, examples, log, out_dir, identity, digest, settings, device, extra: dict | None = None
+) -> dict:
+    """Write ``metrics.json`` once every example is in the log; return it as read back."""
     records = log.load()
     missing = [e.id for e in examples if e.id not in records]
     if missing:
@@ -153,11 +154,13 @@ def run_evaluation(
         "speed": summarize_speed(ordered) | {"peak_memory": peak_memory_bytes(device)},
         "config": identity,
         "config_hash": digest,
+        **(extra or {}),
         "run": dataclasses.asdict(settings),
         "code_versions": sorted({r["code_version"] for r in ordered}),
         "hardware": hardware(device),
         "software": software_versions(),
     }
+    metrics_path = Path(out_dir) / "metrics.json"
     atomic_write_json(metrics_path, metrics)
     return json.loads(metrics_path.read_text())  # what a later call reads back, exactly
 

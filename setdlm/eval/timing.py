@@ -52,6 +52,21 @@ def peak_memory_bytes(device: torch.device) -> dict:
     return {"kind": "process peak RSS", "bytes": rss * scale}
 
 
+def decoding_fields(output, row: int, seconds: float, batch_size: int) -> dict:
+    """The speed fields of one row of a ``GenerationOutput`` that every sample record carries
+    (what ``summarize_speed`` reads). ``seconds`` is the wall time of the whole decoding call."""
+    return {
+        "generated_tokens": output.num_generated[row],
+        "stopped": output.stopped[row],
+        "nfe": output.row_forwards[row],
+        "steps": output.row_steps[row],
+        "parallelism": output.parallelism[row],
+        "latency_seconds": seconds,
+        "seconds": seconds / batch_size,
+        "batch_size": batch_size,
+    }
+
+
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     position = (len(ordered) - 1) * q

@@ -34,9 +34,9 @@ from pathlib import Path
 
 import torch
 
-from setdlm.core.decoding import DecodeConfig, GenerationOutput
+from setdlm.core.decoding import DecodeConfig
 from setdlm.core.family import FAMILIES
-from setdlm.eval.fingerprint import code_version, hardware, software_versions
+from setdlm.eval.fingerprint import code_version
 from setdlm.eval.gen_ppl import (
     DEFAULT_EVALUATOR,
     CausalScorer,
@@ -59,15 +59,12 @@ from setdlm.eval.mauve_score import (
     mauve_from_features,
 )
 from setdlm.eval.records import SampleLog, config_hash, example_seed
-from setdlm.eval.runner import Example, RunSettings, Task, claim_folder
+from setdlm.eval.runner import Example, RunSettings, Task, claim_folder, finish_run
 from setdlm.eval.sample_rules import EntropyStop, LowConfidenceStop, Rejection, apply_stop_rules
 from setdlm.eval.timing import (
-    peak_memory_bytes,
     reset_peak_memory,
-    summarize_speed,
     synchronized_timer,
 )
-from setdlm.files import atomic_write_json
 
 TEXT_PROTOCOLS = {
     "clean": "generations and references both decoded without special tokens",
@@ -259,10 +256,6 @@ def attempt_seed(sample_seed: int, attempt: int) -> int:
     return sample_seed if attempt == 0 else example_seed(sample_seed, f"attempt-{attempt}")
 
 
-def engine_reports_confidences() -> bool:
-    return "new_token_confidences" in {f.name for f in dataclasses.fields(GenerationOutput)}
-
-
 def run_unconditional(
     task: UnconditionalTask,
     model,
@@ -276,12 +269,6 @@ def run_unconditional(
     out_dir = Path(out_dir)
     settings = settings or RunSettings()
     generation = task.generation
-    if generation.low_confidence_stop is not None and not engine_reports_confidences():
-        raise ValueError(
-            "the low-confidence stop rule needs the confidence of every committed token, which "
-            "the decoding engine does not report yet (GenerationOutput.new_token_confidences); "
-            "set GenerationSettings(low_confidence_stop=None) to run without it"
-        )
     decode = task.decode_config(decode, tokenizer)
     sample_identity = {
         "task": task.name,
@@ -313,26 +300,8 @@ def run_unconditional(
         for example in batch:
             log.append(_record(task, example, attempts[example.id], tokenizer, len(batch), warmup))
 
-    records = log.load()
-    missing = [e.id for e in examples if e.id not in records]
-    if missing:
-        raise RuntimeError(f"{out_dir}: {len(missing)} sample(s) missing, e.g. {missing[:3]}")
-    ordered = [records[e.id] for e in examples]
-    metrics = {
-        "task": task.name,
-        "examples": len(ordered),
-        "quality": task.aggregate(ordered),
-        "speed": summarize_speed(ordered) | {"peak_memory": peak_memory_bytes(device)},
-        "config": identity,
-        "config_hash": digest,
-        "samples_config_hash": config_hash(sample_identity),
-        "run": dataclasses.asdict(settings),
-        "code_versions": sorted({r["code_version"] for r in ordered}),
-        "hardware": hardware(device),
-        "software": software_versions(),
-    }
-    atomic_write_json(metrics_path, metrics)
-    return json.loads(metrics_path.read_text())
+    extra = {"samples_config_hash": config_hash(sample_identity)}
+    return finish_run(task, examples, log, out_dir, identity, digest, settings, device, extra)
 
 
 def _generate_with_rejection(model, tokenizer, decode, batch, generation, settings) -> dict:
