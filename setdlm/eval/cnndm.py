@@ -30,12 +30,12 @@ cut at EOS, and here no family counts tokens past its stop.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 from setdlm.core.decoding import DecodeConfig
+from setdlm.data.jsonl import read_jsonl
 from setdlm.eval.generated_text import flag_counts, output_flags, text_before_eos
 from setdlm.eval.rouge import RougeScorer, RougeSettings, aggregate_rouge
 from setdlm.eval.runner import Example, Task
@@ -127,16 +127,7 @@ def load_test_articles() -> list[Article]:
 def read_articles_jsonl(path: Path) -> list[Article]:
     """Articles from a JSON-lines file with ``doc_id``, ``article`` and ``highlights``."""
     articles, seen = [], set()
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number}: not valid JSON ({error})") from None
-        for key in ("doc_id", "article", "highlights"):
-            if not isinstance(row.get(key), str):
-                raise ValueError(f"{path}:{number}: key {key!r} is missing or not a string")
+    for number, row in read_jsonl(path, required=("doc_id", "article", "highlights")):
         if row["doc_id"] in seen:
             raise ValueError(f"{path}:{number}: duplicate doc_id {row['doc_id']!r}")
         seen.add(row["doc_id"])

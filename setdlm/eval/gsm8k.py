@@ -25,11 +25,11 @@ Scoring (all reported, each with its definition):
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from setdlm.core.decoding import DecodeConfig
+from setdlm.data.jsonl import read_jsonl
 from setdlm.eval.runner import Example, Task
 from setdlm.paths import data_dir, data_path
 
@@ -90,7 +90,8 @@ def load_gsm8k(split: str = "test", source: str = "auto", limit: int | None = No
     if source == "auto":
         source = "local" if data_dir() is not None else "hub"
     if source == "local":
-        rows = _read_jsonl(data_path("gsm8k", f"{split}.jsonl"), limit)
+        path = data_path("gsm8k", f"{split}.jsonl")
+        rows = [row for _, row in read_jsonl(path, limit=limit)]
         origin = str(data_path("gsm8k", f"{split}.jsonl"))
     elif source == "hub":
         import datasets  # the offline path never needs it
@@ -109,24 +110,6 @@ def load_gsm8k(split: str = "test", source: str = "auto", limit: int | None = No
         reference_answer(row["answer"], where)  # fail now, not after hours of decoding
         problems.append(Problem(f"{split}-{index}", row["question"], row["answer"]))
     return problems
-
-
-def _read_jsonl(path: Path, limit: int | None) -> list[dict]:
-    rows = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if limit is not None and len(rows) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number}: not valid JSON ({error})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{number}: expected a JSON object, got {row!r:.80}")
-            rows.append(row)
-    return rows
 
 
 # ------------------------------------------------------------------------------------- prompt
