@@ -1,0 +1,242 @@
+"""The regression check: a finished run's metrics against a committed baseline.
+
+The baseline is JSON: per result point (``task/model/point``), per metric (a dotted path into
+that point's ``metrics.json``, e.g. ``quality.paper_exact.value``), the value and what
+difference is allowed::
+
+    {"format": 1, "points": {"gsm8k/ar/default": {"metrics": {
+        "quality.paper_exact.value": {"value": 0.5, "tolerance": 0},
+        "speed.tokens_per_second_mean": {"value": 812.0, "rel_tolerance": 0.9}}}}}
+
+``tolerance`` is an absolute difference, ``rel_tolerance`` a fraction of the baseline value; a
+metric passes if it is within either. ``--write`` records every metric that is deterministic on
+a CPU (quality, example counts, NFE, parallelism, generated tokens) with tolerance 0. Timings
+(tokens/s, latency, memory) depend on the machine and its load, so they are left out; a
+maintainer may add one by hand with a loose declared tolerance, and later ``--write`` runs keep
+that tolerance and only refresh the value. Each point also records its config hash and
+hardware: not checked, but named in the hints when a check fails.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from setdlm.files import atomic_write_json
+from setdlm.report.results import ResultPoint, Results, hardware_summary
+
+FORMAT = 1
+# Counted, not timed: identical on every rerun of the same code and config on a CPU.
+EXACT_SPEED = (
+    "generated_tokens",
+    "nfe_mean",
+    "nfe_total",
+    "parallelism_mean",
+    "timed_examples",
+    "warmup_examples",
+)
+ABOUT = (
+    "setdlm check baseline: per result point, per metric (dotted path into metrics.json), the "
+    "value and the allowed difference (tolerance: absolute; rel_tolerance: fraction of the "
+    "value). Written by `setdlm check --baseline FILE RUN_DIR --write`; timings are left out."
+)
+
+
+class BaselineError(ValueError):
+    """The baseline file is missing or malformed."""
+
+
+@dataclass(frozen=True)
+class Difference:
+    point: str
+    metric: str
+    baseline: str
+    now: str
+    tolerance: str
+
+
+def checked_metrics(point: ResultPoint) -> dict[str, float]:
+    """The metrics ``--write`` records for a point: dotted path -> value."""
+    metrics = point.metrics
+    values = {"examples": metrics.get("examples")}
+    for name, entry in sorted(metrics.get("quality", {}).items()):
+        values[f"quality.{name}.value"] = entry.get("value")
+    for name in EXACT_SPEED:
+        values[f"speed.{name}"] = metrics.get("speed", {}).get(name)
+    return {path: value for path, value in values.items() if _is_number(value)}
+
+
+def lookup(metrics: dict, path: str):
+    value = metrics
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value if _is_number(value) else None
+
+
+def load_baseline(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise BaselineError(f"baseline {path} does not exist (create it with --write)")
+    try:
+        baseline = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise BaselineError(f"baseline {path} is not valid JSON: {error}") from None
+    if baseline.get("format") != FORMAT or not isinstance(baseline.get("points"), dict):
+        raise BaselineError(f"baseline {path}: expected format {FORMAT} with a 'points' object")
+    for key, entry in baseline["points"].items():
+        for metric, spec in entry.get("metrics", {}).items():
+            _validate(path, key, metric, spec)
+    return baseline
+
+
+def _validate(path: Path, key: str, metric: str, spec) -> None:
+    where = f"baseline {path}, point {key}, metric {metric}"
+    if not isinstance(spec, dict) or not _is_number(spec.get("value")):
+        raise BaselineError(f"{where}: expected {{'value': number, 'tolerance': number}}")
+    tolerances = [spec.get(name) for name in ("tolerance", "rel_tolerance") if name in spec]
+    if not tolerances:
+        raise BaselineError(f"{where}: declare a tolerance (0 for exact) or a rel_tolerance")
+    if not all(_is_number(t) and t >= 0 for t in tolerances):
+        raise BaselineError(f"{where}: tolerances must be numbers >= 0, got {tolerances}")
+
+
+def compare(results: Results, baseline: dict) -> tuple[list[Difference], int]:
+    """Every difference between the results and the baseline, and the metrics compared."""
+    found = {point.key: point for point in results.points}
+    expected = baseline["points"]
+    differences, compared = [], 0
+    for key in sorted(expected):
+        point = found.get(key)
+        if point is None:
+            why = "unfinished (no metrics.json)" if key in results.unfinished else "missing"
+            differences.append(Difference(key, "(whole point)", "present", why, "-"))
+            continue
+        specs = expected[key].get("metrics", {})
+        for metric, spec in sorted(specs.items()):
+            compared += 1
+            now = lookup(point.metrics, metric)
+            if now is None:
+                differences.append(
+                    Difference(key, metric, _show(spec["value"]), "missing", _tolerance(spec))
+                )
+            elif not within(now, spec):
+                differences.append(
+                    Difference(key, metric, _show(spec["value"]), _show(now), _tolerance(spec))
+                )
+        for metric in sorted(set(checked_metrics(point)) - set(specs)):
+            now = _show(lookup(point.metrics, metric))
+            differences.append(Difference(key, metric, "not in baseline", now, "-"))
+    for key in sorted(set(found) - set(expected)):
+        differences.append(
+            Difference(key, "(whole point)", "not in baseline", "present (extra point)", "-")
+        )
+    return differences, compared
+
+
+def within(now: float, spec: dict) -> bool:
+    expected = spec["value"]
+    if math.isnan(expected) or math.isnan(now):
+        return math.isnan(expected) and math.isnan(now)
+    allowed = max(spec.get("tolerance", 0), spec.get("rel_tolerance", 0) * abs(expected))
+    return abs(now - expected) <= allowed
+
+
+def updated_baseline(results: Results, previous: dict | None) -> dict:
+    """The baseline of these results; declared tolerances (and hand-added metrics) of points
+    already in ``previous`` are kept, only their values are refreshed."""
+    old_points = (previous or {}).get("points", {})
+    points = {}
+    for point in results.points:
+        old = old_points.get(point.key, {}).get("metrics", {})
+        metrics = {}
+        for metric in sorted(set(checked_metrics(point)) | set(old)):
+            value = lookup(point.metrics, metric)
+            if value is None:
+                continue  # a hand-added metric this result no longer has
+            tolerance = {k: v for k, v in old.get(metric, {}).items() if k != "value"}
+            metrics[metric] = {"value": value, **(tolerance or {"tolerance": 0})}
+        points[point.key] = {
+            "config_hash": point.metrics.get("config_hash"),
+            "hardware": hardware_summary(point.metrics),
+            "metrics": metrics,
+        }
+    return {"about": ABOUT, "format": FORMAT, "points": points}
+
+
+def write_baseline(results: Results, path: str | Path) -> tuple[dict, dict | None]:
+    path = Path(path)
+    previous = load_baseline(path) if path.exists() else None
+    baseline = updated_baseline(results, previous)
+    atomic_write_json(path, baseline)
+    return baseline, previous
+
+
+# ---------------------------------------------------------------------------------- reports
+def failure_report(
+    differences: list[Difference], results: Results, baseline: dict, baseline_path
+) -> str:
+    rows = [("point", "metric", "baseline", "now", "tolerance")]
+    rows += [(d.point, d.metric, d.baseline, d.now, d.tolerance) for d in differences]
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = [
+        f"setdlm check: FAILED, {len(differences)} difference(s) between {results.run_dir} "
+        f"and baseline {baseline_path}",
+        "",
+        *(
+            "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+            for row in rows
+        ),
+    ]
+    hints = _hints(differences, results, baseline)
+    if hints:
+        lines += ["", *hints]
+    lines += [
+        "",
+        "If the change is intended, update the baseline and commit it:",
+        f"  setdlm check --baseline {baseline_path} {results.run_dir} --write",
+    ]
+    return "\n".join(lines)
+
+
+def _hints(differences, results: Results, baseline: dict) -> list[str]:
+    """Why values may differ for reasons other than a regression: another config or machine."""
+    found = {point.key: point for point in results.points}
+    hints = []
+    for key in sorted({d.point for d in differences}):
+        point, recorded = found.get(key), baseline["points"].get(key)
+        if point is None or recorded is None:
+            continue
+        if recorded.get("config_hash") not in (None, point.metrics.get("config_hash")):
+            hints.append(
+                f"hint: {key}: config hash {recorded['config_hash']} in the baseline, "
+                f"{point.metrics.get('config_hash')} now (the configuration, or the model's "
+                "path, changed)"
+            )
+        if recorded.get("hardware") not in (None, hardware_summary(point.metrics)):
+            hints.append(
+                f"hint: {key}: baseline written on {recorded['hardware']}, now "
+                f"{hardware_summary(point.metrics)} (float results can differ across CPUs "
+                "and thread counts)"
+            )
+    return hints
+
+
+def _tolerance(spec: dict) -> str:
+    parts = []
+    if "tolerance" in spec:
+        parts.append("0 (exact)" if spec["tolerance"] == 0 else f"±{_show(spec['tolerance'])}")
+    if "rel_tolerance" in spec:
+        parts.append(f"±{_show(spec['rel_tolerance'] * 100)}%")
+    return " or ".join(parts)
+
+
+def _show(value) -> str:
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

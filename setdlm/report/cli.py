@@ -1,0 +1,118 @@
+"""``setdlm report`` and ``setdlm check``: argument parsing and exit codes.
+
+Exit codes: 0 done (or the check passed), 1 the check found differences, 2 bad input (a
+missing folder or baseline, a result folder that breaks the layout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from setdlm.report.results import TASK_FIELDS, ResultLayoutError, load_results
+from setdlm.report.tables import TABLES
+
+FIGURE_TASKS = tuple(TASK_FIELDS)  # every decoding task; likelihood has no speed to plot
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="setdlm report", description="tables and Pareto figures from the result files"
+    )
+    commands = parser.add_subparsers(dest="what", required=True)
+    tables = commands.add_parser("tables", help="the paper's tables as Markdown, CSV and LaTeX")
+    tables.add_argument("run_dir", type=Path, help="results/runs/<config name>")
+    tables.add_argument("--out", type=Path, help="default: results/tables/<run name>")
+    tables.add_argument(
+        "--only", nargs="+", choices=TABLES, default=TABLES, help="these tables only"
+    )
+    figures = commands.add_parser("figures", help="speed-quality Pareto figures (PNG and PDF)")
+    figures.add_argument("run_dir", type=Path, help="results/runs/<config name>")
+    figures.add_argument("--out", type=Path, help="default: results/figures/<run name>")
+    figures.add_argument(
+        "--only", nargs="+", choices=FIGURE_TASKS, default=FIGURE_TASKS, help="these tasks only"
+    )
+    args = parser.parse_args(argv)
+    try:
+        results = load_results(args.run_dir)
+    except (FileNotFoundError, ResultLayoutError) as error:
+        print(f"setdlm report: {error}", file=sys.stderr)
+        return 2
+    # One folder per run, as the workflow keeps them: the tiny and paper runs never overwrite
+    # each other's committed outputs.
+    out = args.out or Path("results") / args.what / results.name
+    if args.what == "tables":
+        from setdlm.report.tables import write_tables
+
+        written = write_tables(results, out, args.only)
+    else:
+        from setdlm.report.figures import write_figures
+
+        written = write_figures(results, out, args.only)
+    for path in written:
+        print(path)
+    if results.unfinished:
+        print(
+            f"setdlm report: left out {len(results.unfinished)} unfinished point(s): "
+            + ", ".join(results.unfinished),
+            file=sys.stderr,
+        )
+    return 0
+
+
+def check_main(argv: list[str] | None = None) -> int:
+    from setdlm.report.check import (
+        BaselineError,
+        compare,
+        failure_report,
+        load_baseline,
+        write_baseline,
+    )
+
+    parser = argparse.ArgumentParser(
+        prog="setdlm check", description="compare a finished run's metrics with a baseline"
+    )
+    parser.add_argument("--baseline", type=Path, required=True, help="baseline JSON file")
+    parser.add_argument("run_dir", type=Path, help="results/runs/<config name>")
+    parser.add_argument(
+        "--write", action="store_true", help="create or update the baseline from the results"
+    )
+    args = parser.parse_args(argv)
+    try:
+        results = load_results(args.run_dir)
+        if args.write:
+            return _write(results, args.baseline, write_baseline)
+        baseline = load_baseline(args.baseline)
+    except (FileNotFoundError, ResultLayoutError, BaselineError) as error:
+        print(f"setdlm check: {error}", file=sys.stderr)
+        return 2
+    differences, compared = compare(results, baseline)
+    if differences:
+        print(failure_report(differences, results, baseline, args.baseline))
+        return 1
+    print(
+        f"setdlm check: PASSED, {len(baseline['points'])} point(s), {compared} metric(s) "
+        f"of {args.run_dir} within tolerance of {args.baseline}"
+    )
+    return 0
+
+
+def _write(results, path: Path, write_baseline) -> int:
+    if not results.points:
+        print(f"setdlm check: no finished results in {results.run_dir}", file=sys.stderr)
+        return 2
+    if results.unfinished:
+        print(
+            "setdlm check: not recorded, unfinished (no metrics.json): "
+            + ", ".join(results.unfinished),
+            file=sys.stderr,
+        )
+    baseline, previous = write_baseline(results, path)
+    now, before = set(baseline["points"]), set((previous or {}).get("points", {}))
+    metrics = sum(len(p["metrics"]) for p in baseline["points"].values())
+    print(f"setdlm check: wrote {path}: {len(now)} point(s), {metrics} metric(s)")
+    for label, keys in (("added", now - before), ("removed", before - now)):
+        if previous is not None and keys:
+            print(f"  {label}: {', '.join(sorted(keys))}")
+    return 0

@@ -1,0 +1,214 @@
+"""Speed-quality Pareto figures, one per decoding task, from the result files of one run.
+
+Each figure has two panels with the same quality axis (GSM8K accuracy, ROUGE-L, MAUVE): against
+tokens per second and against the parallelism factor (tokens committed per step). One curve
+per family and size, its points in sweep order (τ from large to small); GSM8K also draws the
+published curves (SPEC 6.1) dashed. SetDLM-smax2S and BD3LM-S (the paper's pairing, SPEC 3.7)
+get the same shade of their family's colour.
+
+The files are deterministic: matplotlib's own style (not the user's matplotlibrc), its bundled
+font, and no creation date or software version in the PNG and PDF metadata, so regenerating
+from the same results gives the same bytes and git sees no change.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib.style
+from matplotlib.figure import Figure
+
+from setdlm import published
+from setdlm.files import fsync_dir
+from setdlm.report.results import (
+    FAMILY_ORDER,
+    ResultPoint,
+    Results,
+    format_tau,
+    hardware_summary,
+    model_title,
+)
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    task: str  # task folder
+    title: str
+    metric: str  # quality name in metrics.json
+    label: str
+    scale: float = 1.0
+
+
+FIGURES = {
+    "gsm8k": FigureSpec("gsm8k", "GSM8K", "paper_exact", "accuracy, paper_exact (%)", 100.0),
+    "cnndm": FigureSpec("cnndm", "CNN/DailyMail", "rougeL", "ROUGE-L (F1 × 100)", 100.0),
+    "infill-1": FigureSpec(
+        "infill-1", "ROCStories infill-1", "rougeL", "ROUGE-L (F1 × 100)", 100.0
+    ),
+    "infill-3": FigureSpec(
+        "infill-3", "ROCStories infill-3", "rougeL", "ROUGE-L (F1 × 100)", 100.0
+    ),
+    "unconditional": FigureSpec("unconditional", "Unconditional generation", "mauve", "MAUVE"),
+}
+X_AXES = (
+    ("tokens_per_second", "speed (tokens/s, mean over examples)"),
+    ("parallelism", "parallelism factor (tokens per step)"),
+)
+# Light to dark with size; index 0 is BD3LM S=4 and SetDLM smax8, the paper's smallest pair.
+SHADES = {
+    "ar": ("black",),
+    "mdlm": ("#41ab5d",),
+    "bd3lm": ("#6baed6", "#2171b5", "#08306b"),
+    "setdlm": ("#fc9272", "#ef3b2c", "#99000d"),
+}
+SMALLEST_LOG2 = {"bd3lm": 2, "setdlm": 3}  # S = 4, smax = 8
+PNG_METADATA = {"Software": None}
+PDF_METADATA = {"Creator": None, "Producer": None, "CreationDate": None}
+
+
+@dataclass
+class Curve:
+    family: str
+    size: int | None
+    published: bool
+    points: list[dict] = field(default_factory=list)  # tau, tokens_per_second, parallelism, y
+
+    @property
+    def label(self) -> str:
+        return model_title(self.family, self.size) + (" (published)" if self.published else "")
+
+    @property
+    def color(self) -> str:
+        shades = SHADES[self.family]
+        if self.size is None:
+            return shades[0]
+        index = round(math.log2(self.size)) - SMALLEST_LOG2[self.family]
+        return shades[min(max(index, 0), len(shades) - 1)]
+
+
+def our_curves(points: list[ResultPoint], spec: FigureSpec) -> list[Curve]:
+    curves: dict[tuple, Curve] = {}
+    for point in points:  # already in family, size, τ order
+        value = point.quality(spec.metric)
+        curve = curves.setdefault(
+            (point.family, point.size), Curve(point.family, point.size, published=False)
+        )
+        curve.points.append(
+            {
+                "tau": point.tau,
+                "tokens_per_second": point.speed("tokens_per_second_mean"),
+                "parallelism": point.speed("parallelism_mean"),
+                "y": None if value is None else value * spec.scale,
+            }
+        )
+    return list(curves.values())
+
+
+def published_curves(task: str) -> list[Curve]:
+    if task != "gsm8k":
+        return []
+    return [
+        Curve(
+            series.family,
+            series.size,
+            published=True,
+            points=[
+                {
+                    "tau": p.tau,
+                    "tokens_per_second": p.tokens_per_second,
+                    "parallelism": p.parallelism,
+                    "y": p.accuracy_percent,
+                }
+                for p in series.points
+            ],
+        )
+        for series in published.GSM8K
+    ]
+
+
+def draw(spec: FigureSpec, results: Results) -> Figure:
+    points = results.for_task(spec.task)
+    curves = our_curves(points, spec) + published_curves(spec.task)
+    curves.sort(key=lambda c: (FAMILY_ORDER.index(c.family), c.size or 0, c.published))
+    figure = Figure(figsize=(11, 4.4))
+    axes = figure.subplots(1, 2, sharey=True)
+    for ax, (x_key, x_label) in zip(axes, X_AXES, strict=True):
+        drawn = sum(_draw_curve(ax, curve, x_key) for curve in curves)
+        ax.set_xlabel(x_label)
+        ax.grid(True, alpha=0.3)
+        if not drawn:
+            ax.text(0.5, 0.5, "no finished results", transform=ax.transAxes, ha="center")
+    axes[0].set_ylabel(spec.label)
+    if any(c.points for c in curves):
+        axes[1].legend(fontsize=7, loc="best")
+    figure.suptitle(f"{spec.title}: quality against speed (run '{results.name}')")
+    figure.text(0.01, 0.01, _footer(points, spec.task), fontsize=7, color="dimgray")
+    figure.tight_layout(rect=(0, 0.04, 1, 1))
+    return figure
+
+
+def _draw_curve(ax, curve: Curve, x_key: str) -> bool:
+    shown = [p for p in curve.points if p[x_key] is not None and p["y"] is not None]
+    if not shown:
+        return False
+    xs, ys = [p[x_key] for p in shown], [p["y"] for p in shown]
+    if curve.published:
+        ax.plot(xs, ys, "--s", color=curve.color, markerfacecolor="none", label=curve.label)
+        return True
+    ax.plot(xs, ys, "-o", color=curve.color, label=curve.label)
+    for point in shown:  # our τ beside each point: which setting gave which trade-off
+        if point["tau"] is not None:
+            ax.annotate(
+                format_tau(point["tau"]),
+                (point[x_key], point["y"]),
+                xytext=(3, 3),
+                textcoords="offset points",
+                fontsize=6,
+                color=curve.color,
+            )
+    return True
+
+
+def _footer(points: list[ResultPoint], task: str) -> str:
+    hardware = sorted({hardware_summary(p.metrics) for p in points})
+    text = "ours: " + ("; ".join(hardware) if hardware else "no results")
+    if task == "gsm8k":
+        text += f" | published (dashed): SPEC 6.1, hardware {published.HARDWARE}"
+    return text
+
+
+def write_figures(results: Results, out_dir: str | Path, tasks=tuple(FIGURES)) -> list[Path]:
+    out_dir = Path(out_dir)
+    written = []
+    # matplotlib's defaults, whatever the user's matplotlibrc says: same results, same bytes.
+    with matplotlib.style.context("default"):
+        for task in tasks:
+            figure = draw(FIGURES[task], results)
+            for suffix, options in (
+                ("png", {"dpi": 150, "metadata": PNG_METADATA}),
+                ("pdf", {"metadata": PDF_METADATA}),
+            ):
+                buffer = io.BytesIO()
+                figure.savefig(buffer, format=suffix, **options)
+                path = out_dir / f"{task}_pareto.{suffix}"
+                _atomic_write_bytes(path, buffer.getvalue())
+                written.append(path)
+    return written
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+    fsync_dir(path.parent)

@@ -1,0 +1,205 @@
+"""Finished results of one run, read from the shared layout.
+
+    RUN_DIR/<task>/<model>/<point>/metrics.json
+        task:  gsm8k | cnndm | infill-1 | infill-3 | unconditional | likelihood-<data>
+        model: ar | mdlm | bd3lm-s<S> | setdlm-smax<M>
+        point: tau-<τ> | default
+
+A point is finished when its ``metrics.json`` exists (the evaluations write it atomically, last).
+Folder names are checked against what the file says it holds (task, family, S or smax, τ):
+a misfiled result would otherwise land silently in the wrong row of a committed table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FAMILY_ORDER = ("ar", "mdlm", "bd3lm", "setdlm")
+FAMILY_TITLES = {"ar": "AR", "mdlm": "MDLM", "bd3lm": "BD3LM", "setdlm": "SetDLM"}
+# Folder task name -> the ``task`` field the evaluation writes into metrics.json.
+TASK_FIELDS = {
+    "gsm8k": "gsm8k",
+    "cnndm": "cnndm",
+    "infill-1": "rocstories-infill-1",
+    "infill-3": "rocstories-infill-3",
+    "unconditional": "unconditional",
+}
+LIKELIHOOD_PREFIX = "likelihood-"
+MODEL_NAME = re.compile(r"^(?:(ar|mdlm)|(bd3lm)-s(\d+)|(setdlm)-smax(\d+))$")
+POINT_NAME = re.compile(r"^(?:default|tau-(.+))$")
+
+
+class ResultLayoutError(ValueError):
+    """A folder of the run does not follow the shared layout or contradicts its metrics.json."""
+
+
+@dataclass(frozen=True)
+class ResultPoint:
+    task: str  # folder name: gsm8k, infill-1, likelihood-wikitext2, ...
+    model: str  # folder name: ar, bd3lm-s4, setdlm-smax8, ...
+    point: str  # folder name: default, tau-0.9, ...
+    family: str
+    size: int | None  # BD3LM S or SetDLM smax M; None for AR and MDLM
+    tau: float | None  # the decoding's confidence threshold; None where it does not apply
+    metrics: dict = field(repr=False, compare=False)
+
+    @property
+    def key(self) -> str:
+        return f"{self.task}/{self.model}/{self.point}"
+
+    def quality(self, name: str) -> float | None:
+        entry = self.metrics.get("quality", {}).get(name)
+        return None if entry is None else entry.get("value")
+
+    def speed(self, name: str) -> float | None:
+        return self.metrics.get("speed", {}).get(name)
+
+    def sort_key(self) -> tuple:
+        # τ from large to small: the sweep goes from one token per step to the fastest point.
+        return (
+            self.task,
+            FAMILY_ORDER.index(self.family),
+            self.size or 0,
+            -(self.tau if self.tau is not None else math.inf),
+            self.point,
+        )
+
+
+@dataclass(frozen=True)
+class Results:
+    run_dir: Path
+    points: tuple[ResultPoint, ...]  # sorted by task, family, size, τ
+    unfinished: tuple[str, ...]  # point keys whose folder has no metrics.json yet
+
+    @property
+    def name(self) -> str:
+        """The run's name (its configuration's): the folder name, never a machine's path."""
+        return self.run_dir.resolve().name
+
+    def for_task(self, task: str) -> list[ResultPoint]:
+        return [p for p in self.points if p.task == task]
+
+    def tasks(self) -> list[str]:
+        return sorted({p.task for p in self.points})
+
+
+def load_results(run_dir: str | Path) -> Results:
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"results folder {run_dir} does not exist")
+    points, unfinished = [], []
+    for folder in sorted(run_dir.glob("*/*/*")):
+        if not folder.is_dir() or any(part.startswith(".") for part in folder.parts[-3:]):
+            continue  # files, and hidden folders (editors, temporary copies)
+        metrics_path = folder / "metrics.json"
+        if not metrics_path.exists():
+            unfinished.append(folder.relative_to(run_dir).as_posix())
+            continue
+        points.append(read_point(folder, metrics_path))
+    points.sort(key=ResultPoint.sort_key)
+    return Results(run_dir, tuple(points), tuple(unfinished))
+
+
+def read_point(folder: Path, metrics_path: Path) -> ResultPoint:
+    task, model, point = folder.parts[-3:]
+    try:
+        metrics = json.loads(metrics_path.read_text())
+    except json.JSONDecodeError as error:
+        raise ResultLayoutError(f"{metrics_path}: not valid JSON ({error})") from None
+    _check_task(metrics_path, task, metrics)
+    family, size = _parse_model(metrics_path, model, metrics)
+    tau = _parse_point(metrics_path, point, family, metrics)
+    return ResultPoint(task, model, point, family, size, tau, metrics)
+
+
+def _check_task(path: Path, task: str, metrics: dict) -> None:
+    recorded = metrics.get("task")
+    if task.startswith(LIKELIHOOD_PREFIX):
+        data = metrics.get("config", {}).get("data")
+        expected = ("likelihood", task.removeprefix(LIKELIHOOD_PREFIX))
+        if (recorded, data) != expected:
+            raise ResultLayoutError(
+                f"{path}: folder {task!r} holds task {recorded!r} on data {data!r}"
+            )
+        return
+    if task not in TASK_FIELDS:
+        raise ResultLayoutError(
+            f"{path}: task folder {task!r} is not one of {sorted(TASK_FIELDS)} "
+            f"or {LIKELIHOOD_PREFIX}<data>"
+        )
+    if recorded != TASK_FIELDS[task]:
+        raise ResultLayoutError(f"{path}: folder {task!r} holds task {recorded!r}")
+
+
+def _parse_model(path: Path, model: str, metrics: dict) -> tuple[str, int | None]:
+    match = MODEL_NAME.match(model)
+    if not match:
+        raise ResultLayoutError(
+            f"{path}: model folder {model!r} is not ar, mdlm, bd3lm-s<S> or setdlm-smax<M>"
+        )
+    plain, bd3lm, block, setdlm, smax = match.groups()
+    family = plain or bd3lm or setdlm
+    size = int(block) if bd3lm else int(smax) if setdlm else None
+    config = metrics.get("config", {}).get("model_config", {})
+    recorded = config.get("family")
+    if recorded != family:
+        raise ResultLayoutError(f"{path}: folder {model!r} holds a {recorded!r} model")
+    if family == "bd3lm" and config.get("block_size") != size:
+        raise ResultLayoutError(
+            f"{path}: folder {model!r} holds a BD3LM with S = {config.get('block_size')}"
+        )
+    if family == "setdlm" and (config.get("schedule") or {}).get("M") != size:
+        raise ResultLayoutError(
+            f"{path}: folder {model!r} holds a SetDLM with smax M = "
+            f"{(config.get('schedule') or {}).get('M')}"
+        )
+    return family, size
+
+
+def _parse_point(path: Path, point: str, family: str, metrics: dict) -> float | None:
+    match = POINT_NAME.match(point)
+    if not match:
+        raise ResultLayoutError(f"{path}: point folder {point!r} is not 'default' or 'tau-<τ>'")
+    decode = metrics.get("config", {}).get("decode")
+    if decode is None:  # likelihood: no decoding
+        return None
+    tau = float(decode["confidence_threshold"])
+    if match.group(1) is not None:
+        try:
+            named = float(match.group(1))
+        except ValueError:
+            raise ResultLayoutError(f"{path}: point folder {point!r}: τ is not a number") from None
+        if not math.isclose(named, tau, rel_tol=1e-9):
+            raise ResultLayoutError(f"{path}: folder {point!r} holds a run at τ = {tau:g}")
+    # AR commits one token per step whatever τ is: its τ is not a setting of the point.
+    return None if family == "ar" else tau
+
+
+def model_title(family: str, size: int | None) -> str:
+    if family == "bd3lm":
+        return f"BD3LM S={size}"
+    if family == "setdlm":
+        return f"SetDLM smax{size}"
+    return FAMILY_TITLES[family]
+
+
+def format_tau(tau: float | None) -> str:
+    """1e6 rather than 1e+06; "-" where τ does not apply."""
+    if tau is None:
+        return "-"
+    return f"{tau:g}".replace("e+0", "e").replace("e+", "e")
+
+
+def hardware_summary(metrics: dict) -> str:
+    hardware = metrics.get("hardware") or {}
+    device = hardware.get("device", "unknown device")
+    threads = hardware.get("torch_threads")
+    parts = [hardware.get("cpu"), hardware.get("cpu_capability")]
+    if threads is not None:
+        parts.append(f"{threads} torch thread{'s' if threads != 1 else ''}")
+    details = ", ".join(str(p) for p in parts if p)
+    return f"{device} ({details})" if details else device

@@ -1,0 +1,387 @@
+"""The paper's five tables, built from the result files of one run.
+
+GSM8K Pareto, CNN/DailyMail, ROCStories infilling, unconditional generation and likelihood:
+one row per result point (family, size, τ), the quality metrics the evaluation reported, and
+for decoding tasks the speed of the same run. GSM8K also carries the published points
+(SPEC 6.1) beside ours, with the difference; the other tables say that no published numbers
+exist. Every table's notes state its units, what each metric is (the definitions written into
+``metrics.json`` by the evaluation itself), the hardware and the number of examples.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from setdlm import published
+from setdlm.files import atomic_write_text
+from setdlm.report.results import (
+    FAMILY_ORDER,
+    ResultPoint,
+    Results,
+    format_tau,
+    hardware_summary,
+)
+from setdlm.report.table import Column, Table, to_csv, to_latex, to_markdown
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str  # quality name in metrics.json
+    label: str
+    scale: float = 1.0  # shown value = metrics.json value × scale
+    digits: int = 2
+    spread: bool = False  # the entry carries a "std" as well
+
+    def column(self) -> Column:
+        return Column(self.name, self.label, self.digits, self.spread)
+
+    def cell(self, point: ResultPoint):
+        entry = point.metrics.get("quality", {}).get(self.name)
+        if entry is None:
+            return None
+        value, std = _scaled(entry["value"], self.scale), _scaled(entry.get("std"), self.scale)
+        return (value, std) if self.spread else value
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    key: str
+    title: str
+    tasks: tuple[str, ...]  # task folders whose points make the rows
+    metrics: tuple[Metric, ...]
+    units: str
+
+
+def _rouge(names) -> tuple[Metric, ...]:
+    labels = {
+        "rouge1": "ROUGE-1",
+        "rouge2": "ROUGE-2",
+        "rougeL": "ROUGE-L",
+        "rougeLsum": "ROUGE-Lsum",
+    }
+    return tuple(Metric(name, labels[name], scale=100.0) for name in names)
+
+
+ROUGE_UNITS = "Units: ROUGE F1 × 100."
+GSM8K = TableSpec(
+    "gsm8k_pareto",
+    "GSM8K speed-quality (Pareto) points",
+    ("gsm8k",),
+    (
+        Metric("paper_exact", "acc paper_exact (%)", 100.0),
+        Metric("strict_match", "acc strict_match (%)", 100.0),
+        Metric("flexible_extract", "acc flexible_extract (%)", 100.0),
+    ),
+    "Units: accuracy in % of problems (metrics.json value × 100); Δ = ours − published, in "
+    "percentage points, tokens/s and tokens per step. Δ acc compares our paper_exact (the "
+    "official script's own accuracy) with the published accuracy: whether the paper reports "
+    "that or lm-eval's strict_match is not confirmed (SPEC 5.1), so both are shown.",
+)
+SPECS = {
+    "gsm8k": GSM8K,
+    "cnndm": TableSpec(
+        "cnndm",
+        "CNN/DailyMail summarization",
+        ("cnndm",),
+        _rouge(("rouge1", "rouge2", "rougeL", "rougeLsum")),
+        ROUGE_UNITS,
+    ),
+    "infill": TableSpec(
+        "rocstories_infill",
+        "ROCStories infilling",
+        ("infill-1", "infill-3"),
+        (*_rouge(("rouge1", "rouge2", "rougeL")), Metric("skipped_too_long", "skipped", digits=0)),
+        ROUGE_UNITS + " skipped: stories left out because they do not fit the model length.",
+    ),
+    "unconditional": TableSpec(
+        "unconditional",
+        "Unconditional generation",
+        ("unconditional",),
+        (
+            Metric("mauve", "MAUVE", digits=3),
+            Metric("mauve_bootstrap", "MAUVE bootstrap", digits=3, spread=True),
+            Metric("gen_ppl", "gen-PPL"),
+            Metric("unigram_entropy", "entropy (nats)"),
+            Metric("length", "length (tokens)", digits=1),
+            Metric("rejection", "rejected", digits=0),
+        ),
+        "Units: MAUVE in [0, 1] (bootstrap: mean ± std over reference subsets); gen-PPL is a "
+        "perplexity (lower is better); entropy in nats; length in tokens per sample; rejected: "
+        "attempts rejected and regenerated (count).",
+    ),
+}
+LIKELIHOOD = TableSpec(
+    "likelihood",
+    "Held-out likelihood",
+    (),  # every likelihood-<data> folder
+    (
+        Metric("nll", "NLL (nats/token)", digits=3),
+        Metric("perplexity", "perplexity"),
+        Metric("bits_per_token", "bits/token", digits=3),
+        Metric("bits_per_byte", "bits/byte", digits=3),
+        Metric("tokens", "tokens", digits=0),
+    ),
+    "Units: NLL in nats per counted token (an upper bound for the diffusion families, see the "
+    "definitions); perplexity = exp(NLL); bits per token and per UTF-8 byte; tokens counted.",
+)
+TABLES = ("gsm8k", "cnndm", "infill", "unconditional", "likelihood")
+
+SPEED_COLUMNS = [
+    Column("tokens_per_second", "tok/s", 2, spread=True),
+    Column("parallelism", "parallelism", 2),
+    Column("nfe", "NFE", 1),
+    Column("latency_p50_seconds", "latency p50 (s)", 3),
+]
+SPEED_NOTE = (
+    "Speed, from the same run as quality, over the timed examples (warm-up examples excluded): "
+    "tok/s = generated tokens / wall-clock seconds of the decoding call, mean ± std over "
+    "examples (the paper's number at batch 1); parallelism = tokens committed per decoding "
+    "step, mean; NFE = backbone forward passes per example, mean; latency p50 = median seconds "
+    "of one decoding call."
+)
+NO_PUBLISHED = (
+    "Published numbers: none exist for this table (SPEC 6.2: the only recovered numbers are "
+    "the GSM8K speed-quality points), so only ours are shown."
+)
+TRACE_COLUMNS = [Column("point", "point", csv_only=True), Column("config_hash", "", csv_only=True)]
+
+
+def build_tables(results: Results, names=TABLES) -> list[Table]:
+    builders = {"gsm8k": gsm8k_table, "likelihood": likelihood_table}
+    return [
+        builders[name](results) if name in builders else decoding_table(SPECS[name], results)
+        for name in names
+    ]
+
+
+def write_tables(results: Results, out_dir: str | Path, names=TABLES) -> list[Path]:
+    out_dir = Path(out_dir)
+    source = results.name  # not the absolute path: the same results, the same bytes
+    written = []
+    for table in build_tables(results, names):
+        for suffix, text in (
+            ("md", to_markdown(table, source)),
+            ("csv", to_csv(table)),
+            ("tex", to_latex(table, source)),
+        ):
+            path = out_dir / f"{table.key}.{suffix}"
+            atomic_write_text(path, text)
+            written.append(path)
+    return written
+
+
+# ------------------------------------------------------------------------------ decoding tasks
+def decoding_table(spec: TableSpec, results: Results) -> Table:
+    points = [p for task in spec.tasks for p in results.for_task(task)]
+    task_column = [Column("task", "task")] if len(spec.tasks) > 1 else []
+    columns = (
+        task_column
+        + _identity_columns()
+        + [m.column() for m in spec.metrics]
+        + SPEED_COLUMNS
+        + TRACE_COLUMNS
+    )
+    rows = [_decoding_row(p, spec) for p in points]
+    notes = [spec.units, SPEED_NOTE, *_result_notes(points, spec, results), NO_PUBLISHED]
+    return Table(spec.key, spec.title, columns, rows, notes)
+
+
+def _identity_columns() -> list[Column]:
+    return [
+        Column("model", "model"),
+        Column("tau", "τ", show=format_tau),
+        Column("examples", "examples", 0),
+    ]
+
+
+def _decoding_row(point: ResultPoint, spec: TableSpec) -> dict:
+    speed = point.metrics.get("speed", {})
+    mean = speed.get("tokens_per_second_mean")
+    return {
+        "task": point.task,
+        "model": point.model,
+        "tau": point.tau,
+        "examples": point.metrics.get("examples"),
+        **{m.name: m.cell(point) for m in spec.metrics},
+        "tokens_per_second": None if mean is None else (mean, speed.get("tokens_per_second_std")),
+        "parallelism": speed.get("parallelism_mean"),
+        "nfe": speed.get("nfe_mean"),
+        "latency_p50_seconds": speed.get("latency_seconds_p50"),
+        "point": point.key,
+        "config_hash": point.metrics.get("config_hash"),
+    }
+
+
+# ------------------------------------------------------------------------------------- GSM8K
+PUBLISHED_COLUMNS = [
+    Column("published_accuracy", "published acc (%)", 2),
+    Column("delta_accuracy", "Δ acc (pp)", 2),
+    Column("published_tokens_per_second", "published tok/s", 2, spread=True),
+    Column("delta_tokens_per_second", "Δ tok/s", 2),
+    Column("published_parallelism", "published parallelism", 2, spread=True),
+    Column("delta_parallelism", "Δ parallelism", 2),
+    Column("published", "vs published"),
+]
+
+
+def gsm8k_table(results: Results) -> Table:
+    """Our points and the published ones in one list: matched pairs share a row, a published
+    point we did not run has a row of its own ("not run here")."""
+    points = results.for_task("gsm8k")
+    rows, matched = [], set()
+    for point in points:
+        reference = published.match_gsm8k(point.family, point.size, point.tau)
+        row = _decoding_row(point, GSM8K) | _published_cells(reference, point)
+        if reference is not None:
+            matched.add(id(reference))
+        rows.append(((point.family, point.size, point.tau, point.point), row))
+    for reference in published.gsm8k_points():
+        if id(reference) not in matched:
+            row = {"model": _model_name(reference.family, reference.size)}
+            row |= {"tau": reference.tau} | _published_cells(reference, None)
+            rows.append(((reference.family, reference.size, reference.tau, ""), row))
+    rows.sort(key=lambda item: _row_order(*item[0]))
+    columns = (
+        _identity_columns()
+        + [m.column() for m in GSM8K.metrics]
+        + SPEED_COLUMNS
+        + PUBLISHED_COLUMNS
+        + TRACE_COLUMNS
+    )
+    notes = [
+        GSM8K.units,
+        SPEED_NOTE,
+        *_result_notes(points, GSM8K, results),
+        f"Published numbers: {published.PROVENANCE}. Matched by family, size and τ (AR: its "
+        "one point). BD3LM's τ were not recorded: they are presumed to follow the sweep "
+        f"({', '.join(format_tau(t) for t in published.GSM8K_TAUS)}) in order ('τ presumed'). "
+        f"Published hardware: {published.HARDWARE}. Published examples: {published.EXAMPLES}. "
+        "Differences are only meaningful for the published checkpoints evaluated with the "
+        "paper's protocol on comparable hardware.",
+    ]
+    return Table(GSM8K.key, GSM8K.title, columns, [row for _, row in rows], notes)
+
+
+def _published_cells(reference, point: ResultPoint | None) -> dict:
+    if reference is None:
+        return {"published": "no published number"}
+    ours = {}
+    if point is not None:
+        speed = point.metrics.get("speed", {})
+        ours = {
+            "accuracy": _scaled(point.quality("paper_exact"), 100.0),
+            "tokens_per_second": speed.get("tokens_per_second_mean"),
+            "parallelism": speed.get("parallelism_mean"),
+        }
+    status = "not run here" if point is None else "matched"
+    if not reference.tau_recorded and reference.tau is not None:
+        status += " (τ presumed)"
+    return {
+        "published_accuracy": reference.accuracy_percent,
+        "delta_accuracy": _difference(ours.get("accuracy"), reference.accuracy_percent),
+        "published_tokens_per_second": (
+            reference.tokens_per_second,
+            reference.tokens_per_second_std,
+        ),
+        "delta_tokens_per_second": _difference(
+            ours.get("tokens_per_second"), reference.tokens_per_second
+        ),
+        "published_parallelism": (reference.parallelism, reference.parallelism_std),
+        "delta_parallelism": _difference(ours.get("parallelism"), reference.parallelism),
+        "published": status,
+    }
+
+
+def _scaled(value, scale: float):
+    """The value times the scale; counts stay integers when there is nothing to scale."""
+    if value is None or scale == 1.0:
+        return value
+    return value * scale
+
+
+def _difference(ours, theirs):
+    return None if ours is None else ours - theirs
+
+
+def _model_name(family: str, size: int | None) -> str:
+    """The model folder name of the shared layout."""
+    return {"bd3lm": f"bd3lm-s{size}", "setdlm": f"setdlm-smax{size}"}.get(family, family)
+
+
+def _row_order(family: str, size: int | None, tau: float | None, point: str) -> tuple:
+    return (
+        FAMILY_ORDER.index(family),
+        size or 0,
+        -(tau if tau is not None else math.inf),
+        point,
+    )
+
+
+# -------------------------------------------------------------------------------- likelihood
+def likelihood_table(results: Results) -> Table:
+    points = [p for p in results.points if p.task.startswith("likelihood-")]
+    columns = [
+        Column("data", "data"),
+        Column("model", "model"),
+        Column("examples", "sequences", 0),
+        *[m.column() for m in LIKELIHOOD.metrics],
+        *TRACE_COLUMNS,
+    ]
+    rows = [
+        {
+            "data": p.task.removeprefix("likelihood-"),
+            "model": p.model,
+            "examples": p.metrics.get("examples"),
+            **{m.name: m.cell(p) for m in LIKELIHOOD.metrics},
+            "point": p.key,
+            "config_hash": p.metrics.get("config_hash"),
+        }
+        for p in points
+    ]
+    notes = [LIKELIHOOD.units, *_result_notes(points, LIKELIHOOD, results), NO_PUBLISHED]
+    return Table(LIKELIHOOD.key, LIKELIHOOD.title, columns, rows, notes)
+
+
+# ------------------------------------------------------------------------------------- notes
+def _result_notes(points: list[ResultPoint], spec: TableSpec, results: Results) -> list[str]:
+    """Where the rows come from: run, examples, hardware, what each metric is."""
+    run = results.name
+    if not points:
+        return [f"No finished results for this table in run '{run}'."]
+    notes = [f"Results: run '{run}', {len(points)} finished point(s)."]
+    tasks = spec.tasks or tuple(sorted({p.task for p in points}))
+    unfinished = [key for key in results.unfinished if key.split("/")[0] in tasks]
+    if unfinished:
+        notes.append(f"Left out, not finished (no metrics.json): {', '.join(unfinished)}.")
+    examples = sorted({p.metrics.get("examples") for p in points}, key=str)
+    timed = sorted({p.speed("timed_examples") for p in points if p.speed("timed_examples")})
+    text = f"Examples per point: {', '.join(map(str, examples))}"
+    if timed:
+        text += f" (timed for speed: {', '.join(map(str, timed))})"
+    notes.append(text + ".")
+    notes.append("Hardware (ours): " + _grouped(points, hardware_summary) + ".")
+    for metric in spec.metrics:
+        notes.append(f"{metric.label}: " + _grouped(points, _definition(metric.name)) + ".")
+    return notes
+
+
+def _definition(name: str):
+    def definition(metrics: dict) -> str:
+        entry = metrics.get("quality", {}).get(name)
+        if entry is None:
+            return "not reported"
+        return entry.get("definition", "no definition").rstrip(".")
+
+    return definition
+
+
+def _grouped(points: list[ResultPoint], describe) -> str:
+    """One description if every point shares it, else each description with its points."""
+    by_text: dict[str, list[str]] = {}
+    for point in points:
+        by_text.setdefault(describe(point.metrics), []).append(point.key)
+    if len(by_text) == 1:
+        return next(iter(by_text))
+    return "; ".join(f"{text} [{', '.join(keys)}]" for text, keys in by_text.items())
