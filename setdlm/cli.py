@@ -8,6 +8,16 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    threads = int(argv[1]) if argv[:1] == ["--threads"] and len(argv) > 1 else None
+    command_argv = argv[2:] if threads else argv
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    if command_argv and command_argv[0] in (*PASSTHROUGH, "lm-eval"):
+        # These commands parse their own arguments, options included.
+        return _forward(argparse.Namespace(command=command_argv[0], rest=command_argv[1:]))
     parser = argparse.ArgumentParser(prog="setdlm", description=__doc__)
     parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
@@ -87,16 +97,6 @@ def main(argv: list[str] | None = None) -> int:
     decode.add_argument("--thresholds", type=float, nargs="+", default=[1e6, 0.9])
     decode.add_argument("--repeats", type=int, default=3)
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    threads = int(argv[1]) if argv[:1] == ["--threads"] and len(argv) > 1 else None
-    command_argv = argv[2:] if threads else argv
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
-    if command_argv and command_argv[0] in (*PASSTHROUGH, "lm-eval"):
-        # These commands parse their own arguments, options included.
-        return _forward(argparse.Namespace(command=command_argv[0], rest=command_argv[1:]))
     args = parser.parse_args(argv)
     return COMMANDS[args.command](args)
 

@@ -1,0 +1,162 @@
+"""Where runs are tracked and how a store is reached safely.
+
+The tracking URI is ``--tracking-uri``, else ``$MLFLOW_TRACKING_URI``, else the SQLite file
+``<results root>/mlflow.db`` (see ``results.results_root``). SQLite takes one writer: a fresh
+database written by many processes at once fails in its schema migration, so every writer here
+holds a file lock next to the store (``mlflow.db.lock``) from before the store is opened until
+the sync ends. A server is asked for ``/health`` first, with a short timeout, and MLflow's own
+retries are cut from minutes to seconds, so a server that is down fails the sync at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import sys
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from setdlm.tracking.results import ARTIFACTS_FOLDER
+
+DEFAULT_STORE = "mlflow.db"
+SERVER_LOCK = ".mlflow-sync.lock"  # in the results root, for a sync to a server
+HEALTH_TIMEOUT_SECONDS = 5.0
+# Where SQLite must not live (NOTES: never SQLite on NFS).
+SHARED_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs", "beegfs", "fuse.sshfs"}
+# MLflow's HTTP defaults (7 retries with backoff 2, 120 s timeout) block about 4 minutes on a
+# server that is down; these bound a failing call to seconds. The user's own settings win.
+HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
+}
+
+
+class StoreUnavailable(RuntimeError):
+    """The tracking store cannot be reached or written."""
+
+
+@dataclass(frozen=True)
+class Store:
+    uri: str
+    lock_path: Path
+    # Where new experiments keep their artifacts: beside a local database; None for a server,
+    # which decides (its --artifacts-destination).
+    artifact_root: str | None
+
+    @property
+    def is_remote(self) -> bool:
+        return self.uri.startswith(("http://", "https://"))
+
+
+def resolve_store(results_root: Path, tracking_uri: str | None = None) -> Store:
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or sqlite_uri(results_root)
+    database = sqlite_path(uri)
+    if database is not None:
+        return Store(uri, database.with_name(database.name + ".lock"), _artifact_root(database))
+    # A server (or another backend: postgresql://..., databricks): it keeps the artifacts, and
+    # the lock in the results root keeps this machine to one writer.
+    return Store(uri.rstrip("/"), results_root / SERVER_LOCK, None)
+
+
+def sqlite_uri(results_root: Path) -> str:
+    return f"sqlite:///{(results_root / DEFAULT_STORE).resolve()}"
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI (None for any other store)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0]).resolve()
+
+
+def _artifact_root(database: Path) -> str:
+    return (database.parent / ARTIFACTS_FOLDER).as_uri()
+
+
+@contextlib.contextmanager
+def writer_lock(store: Store):
+    """Hold the store's lock (one local writer); the OS releases it if the process dies."""
+    store.lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(store.lock_path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another writer of {store.uri} (lock {store.lock_path})", flush=True)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def open_client(store: Store):
+    """An ``MlflowClient`` on the store, which must be reachable: a server is checked first;
+    a SQLite database is created (schema migrated) here, under the caller's lock."""
+    for name, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    if store.is_remote:
+        check_server(store.uri)
+    database = sqlite_path(store.uri)
+    if database is not None:
+        database.parent.mkdir(parents=True, exist_ok=True)
+        kind = filesystem_type(database.parent)
+        if kind in SHARED_FILESYSTEMS:
+            print(
+                f"warning: {database} is on a {kind} filesystem, where SQLite's file locks are "
+                "unreliable and the store can be corrupted; put it on a local disk, or set "
+                "MLFLOW_TRACKING_URI to a tracking server",
+                file=sys.stderr,
+            )
+    from mlflow.tracking import MlflowClient
+
+    _quiet_mlflow_logs()  # after the import: importing mlflow sets up its loggers
+
+    client = MlflowClient(tracking_uri=store.uri)
+    try:
+        # Opens the store (creating a SQLite schema) and proves it answers.
+        client.search_experiments(max_results=1)
+    except Exception as error:
+        raise StoreUnavailable(f"cannot use the tracking store {store.uri}: {error}") from error
+    return client
+
+
+def check_server(uri: str, timeout_seconds: float = HEALTH_TIMEOUT_SECONDS) -> None:
+    try:
+        with urllib.request.urlopen(f"{uri}/health", timeout=timeout_seconds) as response:
+            if response.status != 200:
+                raise StoreUnavailable(f"{uri}/health answered HTTP {response.status}")
+    except urllib.error.HTTPError as error:
+        raise StoreUnavailable(f"{uri}/health answered HTTP {error.code}") from error
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise StoreUnavailable(f"the MLflow server {uri} cannot be reached ({reason})") from error
+
+
+def filesystem_type(path: Path, mounts_file: Path = Path("/proc/mounts")) -> str | None:
+    """The type of the filesystem holding ``path`` (Linux), or None where it cannot be told."""
+    try:
+        lines = mounts_file.read_text().splitlines()
+    except OSError:
+        return None
+    path_text, best, kind = str(path.resolve()), "", None
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        mount = fields[1].replace("\\040", " ")
+        inside = path_text == mount or path_text.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):
+            best, kind = mount, fields[2]
+    return kind
+
+
+def _quiet_mlflow_logs() -> None:
+    # MLflow logs every schema migration step at INFO on stderr.
+    import logging
+
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)

@@ -1,0 +1,484 @@
+"""MLflow tracking: real result folders mirrored into MLflow, one run per point, idempotently.
+
+The result folders come from the real evaluations on the tiny trained models: CNN/DM at two
+thresholds for SetDLM and BD3LM, held-out likelihood for SetDLM. Each test syncs a copy of them
+into a store of its own (SQLite, or a real ``mlflow server`` on localhost).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from setdlm.cli import main as setdlm_main
+from setdlm.eval.records import config_hash
+from setdlm.files import atomic_write_json, sha256_file
+from setdlm.tracking import sync_main, ui_main
+from setdlm.tracking.record import IDENTITY_TAG, SYNCED_TAG, run_record
+from setdlm.tracking.results import read_result, results_root
+from setdlm.tracking.store import filesystem_type, open_client, resolve_store, writer_lock
+
+POINTS = {  # folder under runs/tiny -> experiment
+    "cnndm/setdlm/tau-1e+06": "cnndm",
+    "cnndm/setdlm/tau-0.9": "cnndm",
+    "cnndm/bd3lm/tau-1e+06": "cnndm",
+    "cnndm/bd3lm/tau-0.9": "cnndm",
+    "likelihood-wikitext2/setdlm/default": "likelihood-wikitext2",
+}
+
+
+@pytest.fixture(scope="module")
+def finished_results(trained_tiny, tmp_path_factory) -> Path:
+    """A results folder in the layout, from the real ``setdlm eval`` commands."""
+    root = tmp_path_factory.mktemp("results")
+    runs = root / "runs" / "tiny"
+    # SetDLM as the workflow trains it: a model folder in the layout, with the checkpoint.json
+    # marker `setdlm train` writes (every file's sha256); BD3LM from elsewhere, without one.
+    models = runs / "models" / "setdlm"
+    shutil.copytree(trained_tiny / "setdlm" / "model", models)
+    files = {path.name: sha256_file(path) for path in sorted(models.iterdir())}
+    atomic_write_json(models / "checkpoint.json", {"source": "trained", "files": files})
+    for family in ("setdlm", "bd3lm"):
+        model = str(models if family == "setdlm" else trained_tiny / family / "model")
+        out = str(runs / "cnndm" / family)
+        args = ["eval", "cnndm", "--model", model, "--out", out, "--limit", "2"]
+        assert setdlm_main([*args, "--threshold", "1e6", "0.9"]) == 0
+    out = str(runs / "likelihood-wikitext2" / "setdlm" / "default")
+    assert (
+        setdlm_main(["eval", "likelihood", "--model", str(models), "--out", out, "--limit", "4"])
+        == 0
+    )
+    # An unfinished point (killed before metrics.json) is left alone.
+    (runs / "cnndm" / "ar" / "tau-0.9").mkdir(parents=True)
+    (runs / "cnndm" / "ar" / "tau-0.9" / "samples.jsonl").write_text("")
+    return root
+
+
+@pytest.fixture(scope="module")
+def empty_store(tmp_path_factory) -> Path:
+    """A SQLite store with MLflow's schema, created once (migrating one costs seconds)."""
+    root = tmp_path_factory.mktemp("store")
+    store = resolve_store(root, f"sqlite:///{root / 'mlflow.db'}")
+    with writer_lock(store):
+        open_client(store)
+    return root / "mlflow.db"
+
+
+@pytest.fixture
+def results(finished_results, empty_store, tmp_path, monkeypatch) -> Path:
+    """A copy of the results with an empty store at its default place, results/mlflow.db."""
+    copy = tmp_path / "results"
+    shutil.copytree(finished_results, copy)
+    shutil.copy(empty_store, copy / "mlflow.db")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)  # a stray ./mlruns would show up here
+    return copy
+
+
+def _client(results: Path) -> MlflowClient:
+    return MlflowClient(f"sqlite:///{results / 'mlflow.db'}")
+
+
+def _runs(client: MlflowClient) -> dict[str, list]:
+    """experiment name -> its runs (Default left out)."""
+    experiments = [e for e in client.search_experiments() if e.name != "Default"]
+    return {e.name: client.search_runs([e.experiment_id], max_results=1000) for e in experiments}
+
+
+def _assert_one_finished_run_per_point(client: MlflowClient, results: Path) -> None:
+    runs = _runs(client)
+    assert sorted(runs) == ["cnndm", "likelihood-wikitext2"]
+    assert sum(len(r) for r in runs.values()) == len(POINTS)
+    for folder, experiment in POINTS.items():
+        metrics = json.loads((results / "runs" / "tiny" / folder / "metrics.json").read_text())
+        matching = [
+            r for r in runs[experiment] if r.data.tags[IDENTITY_TAG] == metrics["config_hash"]
+        ]
+        assert len(matching) == 1, folder
+        assert matching[0].info.status == "FINISHED"
+        assert SYNCED_TAG in matching[0].data.tags
+        for key in matching[0].data.metrics:
+            assert len(client.get_metric_history(matching[0].info.run_id, key)) == 1, key
+
+
+def test_sync_mirrors_every_point_with_params_metrics_tags_and_artifacts(results, tmp_path):
+    marker = tmp_path / "synced.json"
+    assert sync_main([str(results / "runs" / "tiny"), "--marker", str(marker)]) == 0
+    assert not (tmp_path / "mlruns").exists() and (results / "mlartifacts").is_dir()
+    client = _client(results)
+    _assert_one_finished_run_per_point(client, results)
+    listed = json.loads(marker.read_text())
+    assert len(listed["runs"]) == len(POINTS) and len(listed["unfinished"]) == 1
+
+    by_hash = {r.data.tags[IDENTITY_TAG]: r for runs in _runs(client).values() for r in runs}
+    for folder in POINTS:
+        point = results / "runs" / "tiny" / folder
+        metrics = json.loads((point / "metrics.json").read_text())
+        config = metrics["config"]
+        run = by_hash[metrics["config_hash"]]
+        params, logged, tags = run.data.params, run.data.metrics, run.data.tags
+        family = config["model_config"]["family"]
+        assert params["family"] == family and params["checkpoint"] == config["model_source"]
+        assert len(params["checkpoint_config_hash"]) == 16
+        if family == "setdlm":  # the weights' identity, from the checkpoint.json marker
+            marker = json.loads((results / "runs/tiny/models/setdlm/checkpoint.json").read_text())
+            assert params["checkpoint_sha256"] == config_hash(marker["files"])
+        else:
+            assert "checkpoint_sha256" not in params
+        assert params["model"] == family and params["config_name"] == "tiny"
+        assert all(isinstance(v, str) and len(v) <= 6000 for v in params.values())
+        for name, entry in metrics["quality"].items():
+            assert logged[f"quality.{name}"] == pytest.approx(entry["value"])
+        assert tags["setdlm.result_dir"] == str(point)
+        assert tags["mlflow.source.git.commit"] == metrics["code_versions"][-1]
+        assert tags["hardware.cpu"] == metrics["hardware"]["cpu"]
+        assert tags["software.torch"] == metrics["software"]["torch"]
+        assert tags["mlflow.runName"] == "/".join(folder.split("/")[1:])
+        artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert {"samples.jsonl", "metrics.json"} <= artifacts
+        copy = client.download_artifacts(run.info.run_id, "metrics.json", str(tmp_path))
+        assert Path(copy).read_bytes() == (point / "metrics.json").read_bytes()
+        if "decode" not in config:  # likelihood: no decoding, no speed
+            assert params["task.data"] == "wikitext2" and params["d"] == "4"
+            assert not any(key.startswith("speed.") for key in logged)
+            continue
+        decode, speed = config["decode"], metrics["speed"]
+        assert params["tau"] == json.dumps(decode["confidence_threshold"])
+        assert params["decode.top_p"] == json.dumps(decode["top_p"])
+        assert params["decode.fused_block_cache"] == json.dumps(decode["fused_block_cache"])
+        assert params["task.max_new_tokens"] == str(config["task_settings"]["max_new_tokens"])
+        if family == "setdlm":
+            schedule = config["model_config"]["schedule"]
+            assert params["W"] == str(decode["window"]) and params["d"] == str(schedule["d"])
+            assert params["M"] == str(schedule["M"])
+        else:
+            assert params["block_size"] == str(decode["block_size"]) and params["W"] == "null"
+        low, high = metrics["quality"]["rouge1"]["bootstrap_95"]
+        assert logged["quality.rouge1.bootstrap_95.0"] == pytest.approx(low)
+        assert logged["quality.rouge1.bootstrap_95.1"] == pytest.approx(high)
+        for name in (
+            "tokens_per_second_aggregate",
+            "tokens_per_second_mean",
+            "latency_seconds_p50",
+            "latency_seconds_p95",
+            "nfe_mean",
+            "parallelism_mean",
+        ):
+            assert logged[f"speed.{name}"] == pytest.approx(speed[name])
+        assert logged["speed.peak_memory.bytes"] == speed["peak_memory"]["bytes"]
+        assert tags["speed.peak_memory.kind"] == speed["peak_memory"]["kind"]
+        assert not any("settings" in key or "definition" in key for key in logged)
+
+
+def test_a_second_sync_creates_nothing_and_a_remeasured_value_is_appended(results, capsys):
+    folder = results / "runs" / "tiny"
+    assert sync_main([str(folder)]) == 0
+    assert sync_main([str(folder)]) == 0
+    assert f"0 created, 0 updated, {len(POINTS)} unchanged" in capsys.readouterr().out
+    client = _client(results)
+    _assert_one_finished_run_per_point(client, results)
+
+    # The same configuration measured again (new speed; a NaN and an infinity as some metrics
+    # report them): one run still, the new value appended once, unchanged values left alone.
+    path = folder / "cnndm" / "setdlm" / "tau-0.9" / "metrics.json"
+    metrics = json.loads(path.read_text())
+    metrics["speed"]["tokens_per_second_mean"] *= 2
+    metrics["quality"]["odd"] = {"value": math.nan, "std": math.inf, "definition": "edge case"}
+    path.write_text(json.dumps(metrics))
+    assert sync_main([str(folder)]) == 0
+    assert f"0 created, 1 updated, {len(POINTS) - 1} unchanged" in capsys.readouterr().out
+    assert sync_main([str(folder)]) == 0
+    assert f"0 created, 0 updated, {len(POINTS)} unchanged" in capsys.readouterr().out
+    run = client.search_runs(
+        [client.get_experiment_by_name("cnndm").experiment_id],
+        filter_string=f"tags.`{IDENTITY_TAG}` = '{metrics['config_hash']}'",
+    )[0]
+    history = client.get_metric_history(run.info.run_id, "speed.tokens_per_second_mean")
+    assert [m.step for m in history] == [0, 1]
+    assert history[1].value == pytest.approx(metrics["speed"]["tokens_per_second_mean"])
+    assert math.isnan(run.data.metrics["quality.odd"])
+    assert len(client.get_metric_history(run.info.run_id, "quality.odd")) == 1
+    assert len(client.get_metric_history(run.info.run_id, "quality.odd.std")) == 1
+    assert len(client.get_metric_history(run.info.run_id, "speed.nfe_mean")) == 1
+    assert sum(len(r) for r in _runs(client).values()) == len(POINTS)
+
+
+@pytest.mark.parametrize("step", ["create_run", "log_batch", "log_artifact", "set_terminated"])
+def test_an_interrupted_sync_is_completed_by_the_next(results, monkeypatch, step):
+    """The process dies right after one MLflow call (KeyboardInterrupt is not caught, like a
+    kill): the run stays RUNNING, half written; the next sync completes that same run."""
+    original = getattr(MlflowClient, step)
+    touched = []
+
+    def die_after(self, *args, **kwargs):
+        value = original(self, *args, **kwargs)
+        touched.append(value.info.run_id if step == "create_run" else args[0])
+        raise KeyboardInterrupt
+
+    folder = str(results / "runs" / "tiny")
+    with monkeypatch.context() as patch:
+        patch.setattr(MlflowClient, step, die_after)
+        with pytest.raises(KeyboardInterrupt):
+            sync_main([folder])
+    client = _client(results)
+    interrupted = client.get_run(touched[0])
+    assert SYNCED_TAG not in interrupted.data.tags
+    assert interrupted.info.status == ("FINISHED" if step == "set_terminated" else "RUNNING")
+
+    assert sync_main([folder]) == 0
+    _assert_one_finished_run_per_point(client, results)
+    completed = client.get_run(touched[0])  # the same run, now complete
+    assert completed.info.status == "FINISHED" and SYNCED_TAG in completed.data.tags
+    assert {"samples.jsonl", "metrics.json"} <= {a.path for a in client.list_artifacts(touched[0])}
+
+
+KILLED_AFTER_CREATE_RUN = """
+import os, signal, sys
+from mlflow.tracking import MlflowClient
+from setdlm.tracking import sync_main
+
+create_run = MlflowClient.create_run
+
+def create_run_then_die(self, *args, **kwargs):
+    run = create_run(self, *args, **kwargs)
+    print(run.info.run_id, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+MlflowClient.create_run = create_run_then_die
+sys.exit(sync_main(sys.argv[1:]))
+"""
+
+
+def test_a_sync_killed_after_creating_a_run_is_completed_by_the_next(results):
+    """A real ``kill -9`` (the OS drops the lock, SQLite rolls back what was in flight)."""
+    folder = str(results / "runs" / "tiny")
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_AFTER_CREATE_RUN, folder],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    run_id = killed.stdout.split()[-1]
+    client = _client(results)
+    assert client.get_run(run_id).info.status == "RUNNING"
+    assert sync_main([folder]) == 0
+    _assert_one_finished_run_per_point(client, results)
+    assert client.get_run(run_id).data.tags[SYNCED_TAG]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_down_server_fails_in_seconds_saying_the_results_are_safe(results, monkeypatch, capsys):
+    url = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    folder = results / "runs" / "tiny"
+    marker = results / "synced.json"
+    start = time.monotonic()
+    assert sync_main([str(folder), "--marker", str(marker)]) == 1
+    assert time.monotonic() - start < 10
+    error = capsys.readouterr().err
+    assert f"results are safe on disk in {folder}" in error
+    replay = f"setdlm sync {folder} --tracking-uri {url} --marker {marker}"
+    assert replay in error
+    assert not marker.exists()
+
+
+@pytest.mark.slow  # starts a server (about 10 s) and the full command line
+def test_a_real_mlflow_server_receives_the_replayed_sync(results, empty_store, tmp_path, capsys):
+    url = f"http://127.0.0.1:{_free_port()}"
+    folder = results / "runs" / "tiny"
+    assert sync_main([str(folder), "--tracking-uri", url]) == 1  # not started yet
+    replay = capsys.readouterr().err.splitlines()[-1].strip()
+    shutil.copy(empty_store, tmp_path / "server.db")  # spares the server a schema migration
+    with _mlflow_server(url, tmp_path):
+        # The exact command the failure printed, through the real command line.
+        command = shlex.split(replay)
+        assert command[:2] == ["setdlm", "sync"]
+        done = subprocess.run(
+            [sys.executable, "-m", "setdlm.cli", *command[1:]],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        assert sync_main([str(folder), "--tracking-uri", url]) == 0
+        assert f"{len(POINTS)} unchanged" in capsys.readouterr().out
+        client = MlflowClient(url)
+        _assert_one_finished_run_per_point(client, results)
+        run = client.search_runs([client.get_experiment_by_name("cnndm").experiment_id])[0]
+        assert {"samples.jsonl", "metrics.json"} <= {
+            a.path for a in client.list_artifacts(run.info.run_id)
+        }
+    assert _runs(_client(results)) == {}  # the local store was not used
+
+
+class _mlflow_server:
+    """``mlflow server`` on localhost (one worker, no job execution), stopped on exit; the test
+    is skipped, saying why, if it cannot start here."""
+
+    def __init__(self, url: str, folder: Path):
+        self.url, self.folder = url, folder
+
+    def __enter__(self):
+        port = self.url.rsplit(":", 1)[1]
+        self.log = self.folder / "server.log"
+        command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1"]
+        command += ["--port", port, "--workers", "1"]
+        command += ["--backend-store-uri", f"sqlite:///{self.folder / 'server.db'}"]
+        command += ["--artifacts-destination", str(self.folder / "server-artifacts")]
+        with open(self.log, "w") as log:
+            self.process = subprocess.Popen(
+                command,
+                cwd=self.folder,
+                env=os.environ | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its workers share its process group, stopped together
+            )
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                break
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.5)
+        self.__exit__()
+        tail = self.log.read_text()[-2000:]
+        pytest.skip(f"mlflow server could not start on this machine; its log ends:\n{tail}")
+
+    def __exit__(self, *exc_info):
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+@pytest.mark.slow  # two processes importing MLflow, one migrating a fresh schema
+def test_concurrent_syncs_of_one_folder_make_one_run_per_point(finished_results, tmp_path):
+    """Two ``setdlm sync`` processes on a store that does not exist yet: the lock makes one
+    create the schema and write, then the other finds every run synced."""
+    results = tmp_path / "results"
+    shutil.copytree(finished_results, results)
+    # sync_main itself, without the full command line's imports (torch), to keep this quick.
+    entry = "import sys; from setdlm.tracking import sync_main; sys.exit(sync_main(sys.argv[1:]))"
+    command = [sys.executable, "-c", entry, str(results / "runs" / "tiny")]
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    processes = [
+        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=180)[0].decode() for p in processes]
+    assert [p.returncode for p in processes] == [0, 0], outputs
+    created = [int(o.split("synced ")[1].split(": ")[1].split(" created")[0]) for o in outputs]
+    assert sorted(created) == [0, len(POINTS)]
+    _assert_one_finished_run_per_point(_client(results), results)
+
+
+def test_results_root_rule(tmp_path, monkeypatch):
+    monkeypatch.delenv("SETDLM_RESULTS_DIR", raising=False)
+    point = tmp_path / "results" / "runs" / "tiny" / "cnndm" / "setdlm" / "default"
+    point.mkdir(parents=True)
+    for folder in (point, tmp_path / "results" / "runs", tmp_path / "results"):
+        assert results_root(folder) == tmp_path / "results"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert results_root(elsewhere) == elsewhere
+    monkeypatch.setenv("SETDLM_RESULTS_DIR", str(tmp_path / "store"))
+    assert results_root(elsewhere) == tmp_path / "store"
+    assert results_root(point) == tmp_path / "results"  # the layout wins
+    uri = resolve_store(results_root(point)).uri
+    assert uri == f"sqlite:///{tmp_path / 'results' / 'mlflow.db'}"
+
+
+def test_quality_extras_are_flattened_to_numbers_and_settings_left_out(finished_results):
+    point = read_result(finished_results / "runs" / "tiny" / "cnndm" / "setdlm" / "tau-0.9")
+    quality = {
+        "mauve_bootstrap": {
+            "value": 0.5,
+            "definition": "text",
+            "mean": 0.5,
+            "std": 0.1,
+            "values": [0.4, 0.6],
+            "seeds": [25, 26],
+            "featurizer": {"dimension": 384, "id": "x"},
+            "mauve_settings": {"num_buckets": "auto", "scaling_factor": 5},
+            "empty_generations": {"policy": "placeholder", "count": 2},
+            "text_protocol": "clean",
+        },
+        "stop_reasons": {"value": 5, "counts": {"eos": 3, "max new/tokens!": 2}},
+    }
+    point = dataclasses.replace(point, metrics=point.metrics | {"quality": quality})
+    logged = {k for k in run_record(point).metrics if k.startswith("quality.")}
+    assert logged == {
+        "quality.mauve_bootstrap",
+        "quality.mauve_bootstrap.mean",
+        "quality.mauve_bootstrap.std",
+        "quality.mauve_bootstrap.values.0",
+        "quality.mauve_bootstrap.values.1",
+        "quality.mauve_bootstrap.empty_generations.count",
+        "quality.stop_reasons",
+        "quality.stop_reasons.counts.eos",
+        "quality.stop_reasons.counts.max new/tokens_",
+    }
+
+
+def test_ui_command_opens_the_local_store(results, monkeypatch, capsys):
+    assert ui_main(["--results", str(results), "--port", "5123", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "http://127.0.0.1:5123" in out
+    assert f"mlflow ui --backend-store-uri sqlite:///{results / 'mlflow.db'}" in out
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5000")
+    assert ui_main(["--results", str(results)]) == 0
+    assert "http://tracking.example:5000" in capsys.readouterr().out
+
+
+def test_nothing_finished_touches_no_store_and_other_metrics_files_are_skipped(tmp_path, capsys):
+    training = tmp_path / "results" / "runs" / "tiny" / "train" / "setdlm"
+    training.mkdir(parents=True)
+    (training / "metrics.json").write_text(json.dumps({"loss": 1.0}))  # not an evaluation's
+    marker = tmp_path / "synced.json"
+    url = f"http://127.0.0.1:{_free_port()}"  # down, and never asked
+    assert (
+        sync_main([str(tmp_path / "results"), "--tracking-uri", url, "--marker", str(marker)]) == 0
+    )
+    assert "not an evaluation result" in capsys.readouterr().err
+    assert json.loads(marker.read_text())["runs"] == []
+    assert not (tmp_path / "results" / "mlflow.db").exists()
+
+
+def test_a_store_on_a_shared_filesystem_is_recognized(tmp_path):
+    mounts = tmp_path / "mounts"
+    mounts.write_text(
+        "/dev/sda1 / ext4 rw 0 0\nserver:/export /shared nfs4 rw 0 0\n"
+        "/dev/sdb1 /shared/local\\040disk ext4 rw 0 0\n"
+    )
+    assert filesystem_type(Path("/shared/results"), mounts) == "nfs4"
+    assert filesystem_type(Path("/shared/local disk/results"), mounts) == "ext4"
+    assert filesystem_type(Path("/sharedx/results"), mounts) == "ext4"
