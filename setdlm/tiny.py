@@ -85,7 +85,7 @@ def run_tiny(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     texts = load_wikitext2()
-    tokenizer = _tokenizer(out / "tokenizer", texts.train, settings)
+    tokenizer = tiny_tokenizer(out / "tokenizer", texts.train, settings)
     train_set = ChunkedLMDataset(texts.train, tokenizer, settings.length)
     heldout = ChunkedLMDataset(texts.heldout, tokenizer, settings.length)
     log(
@@ -104,7 +104,8 @@ def run_tiny(
     return summary
 
 
-def _tokenizer(folder: Path, documents, settings: TinySettings):
+def tiny_tokenizer(folder: Path, documents, settings: TinySettings):
+    """The tiny byte-level BPE trained on ``documents`` (deterministic), or ``folder``'s."""
     if (folder / "tokenizer.json").exists():
         return load_tokenizer(folder)
     return train_bpe_tokenizer(documents, settings.vocab_size, SpecialTokens(), folder)
@@ -115,28 +116,15 @@ def _run_family(family, folder, tokenizer, train_set, heldout, settings, log) ->
     if metrics_path.exists():
         log(f"[{family}] already done: {metrics_path}")
         return json.loads(metrics_path.read_text())
-    torch.manual_seed(settings.seed)
-    config = model_config(family, tokenizer, settings)
-    model = build_model(config)
+    model = build_tiny_model(family, tokenizer, settings)
+    config = model.config
     eval_batches = [
         collate([heldout[i] for i in range(start, min(start + 16, len(heldout)))])
         for start in range(0, len(heldout), 16)
     ]
     before = evaluate_likelihood(model, eval_batches, seed=1234, tokenizer=tokenizer)
-    train_config = TrainConfig(
-        max_steps=settings.steps,
-        batch_size=settings.batch_size,
-        lr=settings.lr,
-        warmup_steps=settings.warmup_steps,
-        schedule="cosine",
-        final_lr_fraction=0.1,
-        ema_decay=settings.ema_decay,
-        checkpoint_every=max(1, settings.steps // 4),
-        log_every=10,
-        seed=settings.seed,
-    )
     started = time.perf_counter()
-    result = train(model, train_set, train_config, folder / "train")
+    result = train(model, train_set, tiny_train_config(settings), folder / "train")
     train_seconds = time.perf_counter() - started
     load_weights(model, latest_checkpoint(folder / "train" / "checkpoints"), use_ema=True)
     after = evaluate_likelihood(model, eval_batches, seed=1234, tokenizer=tokenizer)
@@ -168,6 +156,28 @@ def _run_family(family, folder, tokenizer, train_set, heldout, settings, log) ->
     }
     atomic_write_json(metrics_path, metrics)
     return metrics
+
+
+def build_tiny_model(family: str, tokenizer, settings: TinySettings):
+    """A freshly initialized tiny model (the same weights for the same settings and seed)."""
+    torch.manual_seed(settings.seed)
+    return build_model(model_config(family, tokenizer, settings))
+
+
+def tiny_train_config(settings: TinySettings) -> TrainConfig:
+    """How every tiny model is trained (the tiny job and the workflow's ``setdlm train``)."""
+    return TrainConfig(
+        max_steps=settings.steps,
+        batch_size=settings.batch_size,
+        lr=settings.lr,
+        warmup_steps=settings.warmup_steps,
+        schedule="cosine",
+        final_lr_fraction=0.1,
+        ema_decay=settings.ema_decay,
+        checkpoint_every=max(1, settings.steps // 4),
+        log_every=10,
+        seed=settings.seed,
+    )
 
 
 def _decode(family, model, tokenizer, heldout, settings):

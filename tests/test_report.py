@@ -362,6 +362,25 @@ def test_check_fails_with_a_readable_diff_on_a_changed_metric(run_copy, baseline
     assert "--write" in out  # how to accept an intended change
 
 
+def test_other_numerics_are_checked_for_presence_and_finiteness_only(run_copy, baseline, capsys):
+    point = "gsm8k/setdlm-smax8/tau-0.5"
+
+    def other_cpu(metrics):  # an AVX-512 machine decodes other tokens: not a regression
+        metrics["hardware"]["cpu_capability"] = "AVX512"
+        metrics["quality"]["strict_match"]["value"] += 0.5
+
+    _edit(run_copy, point, other_cpu)
+    assert _check("--baseline", baseline, run_copy) == 0
+    assert f"note: {point}: computed with" in capsys.readouterr().out
+
+    def lost_examples(metrics):  # counts stay exact on any machine
+        metrics["examples"] -= 1
+
+    _edit(run_copy, point, lost_examples)
+    assert _check("--baseline", baseline, run_copy) == 1
+    assert "examples" in capsys.readouterr().out
+
+
 def test_check_reports_missing_unfinished_and_extra_points(run_copy, baseline, capsys):
     shutil.rmtree(run_copy / "cnndm/ar/default")
     (run_copy / "infill-1/mdlm/default/metrics.json").unlink()

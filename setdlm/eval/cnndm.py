@@ -44,6 +44,9 @@ from setdlm.paths import data_dir, data_path
 
 HUB_DATASET = ("abisee/cnn_dailymail", "3.0.0")
 OFFLINE_FILE = ("cnn_dailymail", "test_sample100.jsonl")
+# The full test split, as `setdlm data prepare` writes it from the Hub: read instead of the
+# 100-article sample when the data folder holds it.
+FULL_TEST_FILE = ("cnn_dailymail", "test.jsonl")
 PAPER_MODEL_LENGTH = 768
 OFFICIAL_STOP_PATTERN = "r'<|endoftext|>'"  # the YAML value, quotes and r included
 
@@ -106,18 +109,24 @@ class Article:
     highlights: str
 
 
+def offline_file() -> Path:
+    """The data folder's full test split if it has one, else its 100-article sample."""
+    full = data_dir().joinpath(*FULL_TEST_FILE)
+    return full if full.is_file() else data_path(*OFFLINE_FILE)
+
+
 def data_source() -> dict:
     """Where the test articles come from, with the file hash when it is the local mirror."""
     if data_dir() is not None:
-        path = data_path(*OFFLINE_FILE)
-        return {"source": "/".join(OFFLINE_FILE), "sha256": sha256_file(path)}
+        path = offline_file()
+        return {"source": path.relative_to(data_dir()).as_posix(), "sha256": sha256_file(path)}
     return {"source": f"hub:{HUB_DATASET[0]}", "config": HUB_DATASET[1], "split": "test"}
 
 
 def load_test_articles() -> list[Article]:
     """The test articles in dataset order, from the local mirror or the Hub."""
     if data_dir() is not None:
-        return read_articles_jsonl(data_path(*OFFLINE_FILE))
+        return read_articles_jsonl(offline_file())
     import datasets  # only the Hub path needs it
 
     rows = datasets.load_dataset(*HUB_DATASET, split="test")

@@ -37,6 +37,9 @@ def add_parsers(commands) -> None:
         parser.add_argument("--seed", type=int, default=1234 if name != "likelihood" else 0)
         parser.add_argument("--batch-size", type=int, default=1 if name != "likelihood" else 8)
         parser.add_argument("--limit", type=int, default=None, help="first N examples")
+        parser.add_argument(
+            "--device", default="auto", help="cpu, cuda, cuda:N, or auto (a GPU when there is one)"
+        )
         if name != "likelihood":
             parser.add_argument(
                 "--threshold",
@@ -105,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     from setdlm.zoo import load_pretrained, load_tokenizer_for
 
     loaded = load_pretrained(args.model)
+    loaded.model.to(_device(args.device))
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else load_tokenizer_for(loaded)
     if args.task == "likelihood":
         from setdlm.eval.likelihood import run_likelihood
@@ -139,6 +143,17 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     return 0
+
+
+def _device(name: str):
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {name}: no CUDA device is available")
+    return device
 
 
 def _run_point(args, loaded, tokenizer, threshold: float, out: Path, settings) -> dict:

@@ -16,19 +16,38 @@ from pathlib import Path
 
 import torch
 
+from setdlm.data.jsonl import read_jsonl
 from setdlm.data.loader import collate
 from setdlm.data.text import ChunkedLMDataset, load_wikitext2
 from setdlm.eval.fingerprint import code_version, hardware, software_versions
 from setdlm.eval.records import SampleLog, config_hash, example_seed
 from setdlm.files import atomic_write_json
 from setdlm.likelihood import sequence_terms, summarize
+from setdlm.paths import data_dir
 
 HELDOUT_SETS = ("wikitext2", "owt", "lm1b")
+# Copies of the Hub sets that `setdlm data prepare` writes into a data folder (one {"text"} per
+# line): read instead of the Hub when SETDLM_DATA_DIR holds them.
+PREPARED_FILES = {"owt": ("openwebtext", "valid.jsonl"), "lm1b": ("lm1b", "test.jsonl")}
+
+
+def prepared_documents(name: str) -> list[str] | None:
+    """The documents of a prepared copy of ``name`` in the data folder, or None."""
+    root = data_dir()
+    if root is None or name not in PREPARED_FILES:
+        return None
+    path = root.joinpath(*PREPARED_FILES[name])
+    if not path.is_file():
+        return None
+    return [row["text"] for _, row in read_jsonl(path, required=("text",))]
 
 
 def heldout_documents(name: str) -> list[str]:
     if name == "wikitext2":
         return load_wikitext2().heldout
+    prepared = prepared_documents(name)
+    if prepared is not None:
+        return prepared
     import datasets
 
     if name == "owt":  # the official valid split: the last 100k training documents

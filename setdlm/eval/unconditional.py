@@ -45,6 +45,7 @@ from setdlm.eval.gen_ppl import (
     load_evaluator,
     unigram_entropy,
 )
+from setdlm.eval.likelihood import prepared_documents
 from setdlm.eval.mauve_score import (
     BOOTSTRAP_BASE_SEED,
     BOOTSTRAP_RNG_SEED,
@@ -402,6 +403,8 @@ def load_reference_pool(
         from setdlm.data.text import load_wikitext2
 
         documents = load_wikitext2().heldout
+    elif source == "owt" and (prepared := prepared_documents("owt")) is not None:
+        documents = prepared  # `setdlm data prepare`'s copy of the same split
     elif source == "owt":
         if os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1":
             raise ValueError(

@@ -87,7 +87,10 @@ def check_main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ResultLayoutError, BaselineError) as error:
         print(f"setdlm check: {error}", file=sys.stderr)
         return 2
-    differences, compared = compare(results, baseline)
+    notes: list[str] = []
+    differences, compared = compare(results, baseline, notes)
+    for note in notes:
+        print(note)
     if differences:
         print(failure_report(differences, results, baseline, args.baseline))
         return 1

@@ -1,0 +1,111 @@
+"""The benchmark as a DAG: prepare data -> train or fetch models -> evaluate every point ->
+MLflow -> tables and figures.
+
+    snakemake --cores 2 all_tables                   # the tiny default (workflows/config/tiny.yaml)
+    snakemake --profile slurm all_tables             # the paper's matrix on SLURM (README)
+    snakemake --profile slurm -n all_tables --configfile workflows/config/paper.yaml
+
+Targets: all_tables (tables, figures, MLflow, the data manifest; `all`, the default, is the
+same), all_figures, all_evaluations, one per paper table (table_gsm8k, table_cnndm,
+table_infill, table_unconditional, table_likelihood) and check (against check.baseline).
+The configuration is validated before any job is queued; the jobs come from
+setdlm/workflow/plan.py, and each rule in workflows/rules/ runs one `setdlm ...` command.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+from setdlm.workflow import datasets, layout
+from setdlm.workflow import plan as workflow_plan
+from setdlm.workflow.config import ConfigError
+
+
+# The embedded default, unless --configfile (or the profile) names a configuration: loading
+# both would merge them key by key.
+if not workflow.overwrite_configfiles:
+
+    configfile: f"{workflow.basedir}/workflows/config/tiny.yaml"
+
+
+try:
+    PLAN = workflow_plan.build(config, os.environ)
+except ConfigError as error:
+    raise WorkflowError(str(error)) from None
+
+
+onstart:
+    # <run>/config.yaml, the validated configuration the jobs read (not in a dry run)
+    workflow_plan.save_config(PLAN)
+
+RUN = PLAN.run
+CODE_VERSION = workflow_plan.code_version(workflow.basedir)
+# Jobs run the `setdlm` of this installation, the command a user would type by hand.
+SETDLM = str(Path(sys.executable).with_name("setdlm"))
+PYTHON = sys.executable
+DATA_DIR = PLAN.data_dir  # where `dir` sources are copied from
+TABLES = PLAN.tables_dir
+FIGURES = PLAN.figures_dir
+
+
+def resources_of(stage):
+    """Generic resources of a stage (a name, or a function of the wildcards): memory and
+    runtime grow with the attempt, so a profile's retries ask for more each time."""
+    pick = stage if callable(stage) else (lambda wildcards: stage)
+    return {
+        "mem_mb": lambda wildcards, attempt: PLAN.resources(pick(wildcards))["mem_mb"] * attempt,
+        "runtime": lambda wildcards, attempt: PLAN.resources(pick(wildcards))["runtime"]
+        * attempt,
+        "gpu": lambda wildcards: PLAN.resources(pick(wildcards))["gpus"],
+    }
+
+
+def threads_of(stage):
+    pick = stage if callable(stage) else (lambda wildcards: stage)
+    return lambda wildcards: PLAN.resources(pick(wildcards))["cpus"]
+
+
+wildcard_constraints:
+    dataset="|".join(datasets.DATASETS),
+    model=r"ar|mdlm|bd3lm-s\d+|setdlm-smax\d+",
+    domain="|".join(layout.DOMAINS),
+    task="|".join(layout.TASKS),
+    point=r"tau-[^/]+|default",
+
+
+include: "workflows/rules/data.smk"
+include: "workflows/rules/train.smk"
+include: "workflows/rules/evaluate.smk"
+include: "workflows/rules/track.smk"
+include: "workflows/rules/report.smk"
+
+
+localrules:
+    all,
+    all_tables,
+    all_figures,
+    all_evaluations,
+
+
+rule all_tables:
+    input:
+        [file for table in PLAN.tables() for file in PLAN.table_files(table)],
+        PLAN.figure_files(),
+        f"{RUN}/mlflow.synced",
+        f"{RUN}/data/manifest.json",
+
+
+rule all:
+    default_target: True
+    input:
+        rules.all_tables.input,
+
+
+rule all_figures:
+    input:
+        PLAN.figure_files(),
+
+
+rule all_evaluations:
+    input:
+        PLAN.all_metrics(),

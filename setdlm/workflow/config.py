@@ -1,0 +1,435 @@
+"""Workflow configurations: schema, defaults, and the checks a schema cannot express.
+
+``validate(raw)`` returns the configuration with every default filled in, or raises one
+``ConfigError`` listing every problem, each starting with the key it is about
+(``tasks.gsm8k.thresholds[2]: ...``). It runs when the DAG is built, so a bad configuration
+fails before any job is queued, and again in ``setdlm train`` for configurations given by hand.
+
+Schema (workflows/config/schema.yaml): unknown keys, wrong types, values out of range.
+Semantics (here): model names agree with their family and sizes; BD3LM's block size divides
+the model length; SetDLM has d and W; published keys exist and match; every model a task
+names is defined and has a checkpoint for the task's domain; τ is a confidence in (0, 1] or
+1e6 ("no threshold"); overrides name the task's own models; the data a task needs has a source.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from setdlm.workflow import datasets
+from setdlm.workflow.layout import (
+    DECODING_TASKS,
+    LIKELIHOOD_TASKS,
+    TASK_DOMAIN,
+    model_family,
+    point_name,
+)
+
+WORKFLOW_DIR = Path(__file__).resolve().parents[2] / "workflows"
+SCHEMA_PATH = WORKFLOW_DIR / "config" / "schema.yaml"
+MODELS_PATH = WORKFLOW_DIR / "config" / "models.yaml"
+NO_THRESHOLD = 1e6  # the paper's τ that commits exactly one token per forward
+# The TinySettings defaults the checks need (tests keep them equal to setdlm.tiny's; importing
+# setdlm.tiny here would load torch every time the DAG is built).
+TINY_DEFAULTS = {"length": 64, "hidden_size": 128, "n_heads": 4, "steps": 400, "warmup_steps": 20}
+
+
+class ConfigError(ValueError):
+    def __init__(self, errors: list[str], source: str = ""):
+        self.errors = errors
+        where = f" ({source})" if source else ""
+        lines = "\n".join(f"  - {error}" for error in errors)
+        super().__init__(f"invalid workflow configuration{where}:\n{lines}")
+
+
+def load_yaml(path: str | Path) -> Any:
+    with open(path, encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def load(path: str | Path, check_data: bool = True) -> dict:
+    """A configuration file, validated, with defaults."""
+    return validate(load_yaml(path), source=str(path), check_data=check_data)
+
+
+def load_published(path: str | Path = MODELS_PATH) -> dict:
+    """models.yaml: {"checkpoints": {key: settings}, "aliases": {alias: key}}."""
+    return load_yaml(path)
+
+
+def resolve_key(key: str, published: dict) -> dict | None:
+    """The models.yaml entry of a key or alias, with its canonical key; None if unknown."""
+    key = published["aliases"].get(key, key)
+    entry = published["checkpoints"].get(key)
+    return None if entry is None else {"key": key, **entry}
+
+
+def digest(value: Any) -> str:
+    """A short, stable hash of JSON-like data (key order does not matter)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def validate(
+    raw: Any,
+    source: str = "",
+    published: dict | None = None,
+    environ: dict | None = None,
+    check_data: bool = True,
+) -> dict:
+    raw = json.loads(json.dumps(raw))  # plain dicts and lists (Snakemake hands OrderedDicts)
+    schema = load_yaml(SCHEMA_PATH)
+    errors = schema_errors(raw, schema)
+    if errors:
+        raise ConfigError(errors, source)
+    config = fill_defaults(copy.deepcopy(raw), schema, schema)
+    errors = semantic_errors(
+        config,
+        published if published is not None else load_published(),
+        os.environ if environ is None else environ,
+        check_data,
+    )
+    errors = list(dict.fromkeys(errors))  # a shared setting can fail for several models
+    if errors:
+        raise ConfigError(errors, source)
+    return config
+
+
+# ---------------------------------------------------------------------------------- schema
+def key_path(parts) -> str:
+    """("tasks", "gsm8k", "thresholds", 2) -> "tasks.gsm8k.thresholds[2]"."""
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top level)"
+
+
+def schema_errors(instance: Any, schema: dict) -> list[str]:
+    from jsonschema import Draft202012Validator
+
+    errors = []
+    for error in Draft202012Validator(schema).iter_errors(instance):
+        path = list(error.absolute_path)
+        if error.validator == "additionalProperties":
+            known = error.schema.get("properties", {})
+            for name in sorted(k for k in error.instance if k not in known):
+                errors.append(f"{key_path([*path, name])}: unknown key")
+        elif "propertyNames" in error.schema_path:  # the key itself is malformed
+            errors.append(
+                f"{key_path([*path, error.instance])}: not a model name "
+                f"(ar, mdlm, bd3lm-s<S>, setdlm-smax<M>)"
+            )
+        else:
+            message = f"{key_path(path)}: {error.message}"
+            if error.validator == "type" and _reads_as_number(error.instance):
+                message += " (YAML reads 1e6 as text; write 1.0e+6)"
+            errors.append(message)
+    return sorted(set(errors))
+
+
+def _reads_as_number(value: Any) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
+def fill_defaults(value: Any, schema: dict, root: dict) -> Any:
+    """Fill missing keys with the schema's ``default`` values, recursively."""
+    schema = _resolved(schema, root)
+    if not isinstance(value, dict):
+        return value
+    properties = schema.get("properties", {})
+    for key, sub in properties.items():
+        if key not in value:
+            nodes = (sub, _resolved(sub, root))
+            defaults = [node["default"] for node in nodes if "default" in node]
+            if not defaults:
+                continue
+            value[key] = copy.deepcopy(defaults[0])
+        value[key] = fill_defaults(value[key], sub, root)
+    additional = schema.get("additionalProperties")
+    if isinstance(additional, dict):
+        for key in value:
+            if key not in properties:
+                value[key] = fill_defaults(value[key], additional, root)
+    return value
+
+
+def _resolved(schema: dict, root: dict) -> dict:
+    ref = schema.get("$ref")
+    if not ref:
+        return schema
+    node = root
+    for part in ref.removeprefix("#/").split("/"):
+        node = node[part]
+    return node
+
+
+# ------------------------------------------------------------------------------- semantics
+def semantic_errors(config: dict, published: dict, environ, check_data: bool = True) -> list[str]:
+    errors = []
+    for name, entry in config["models"].items():
+        errors += _model_errors(name, entry, config, published)
+    for task, settings in config["tasks"].items():
+        errors += _task_errors(task, settings, config, published)
+    if check_data:
+        errors += _data_errors(config, environ)
+    return errors
+
+
+def train_settings(config: dict, name: str) -> dict:
+    """A trained model's settings: the top-level ``train`` with the model's own on top."""
+    return {**config["train"], **config["models"][name].get("train", {})}
+
+
+def _model_errors(name: str, entry: dict, config: dict, published: dict) -> list[str]:
+    where = f"models.{name}"
+    family, size = model_family(name)
+    errors = []
+    if entry["family"] != family:
+        errors.append(f"{where}.family: {entry['family']!r}, but the name says {family}")
+        return errors
+    if ("train" in entry) == ("checkpoint" in entry):
+        which = "both" if "train" in entry else "neither"
+        errors.append(
+            f"{where}: give either `train` (train it here) or `checkpoint` (published keys), "
+            f"not {which}"
+        )
+    errors += _size_errors(where, family, size, entry)
+    if errors:
+        return errors
+    if "train" in entry:
+        settings = {**TINY_DEFAULTS, **train_settings(config, name)}
+        origin = lambda key: f"{where}.train.{key}" if key in entry["train"] else f"train.{key}"  # noqa: E731
+        errors += _length_errors(where, family, entry, settings["length"], origin("length"))
+        if settings["hidden_size"] % settings["n_heads"]:
+            errors.append(
+                f"{origin('hidden_size')}: {settings['hidden_size']} is not divisible by "
+                f"n_heads = {settings['n_heads']}"
+            )
+        if settings["warmup_steps"] > settings["steps"]:
+            errors.append(
+                f"{origin('warmup_steps')}: {settings['warmup_steps']} warm-up steps exceed "
+                f"the {settings['steps']} training steps"
+            )
+    for domain, key in entry.get("checkpoint", {}).items():
+        errors += _checkpoint_errors(f"{where}.checkpoint.{domain}", domain, key, entry, published)
+    return errors
+
+
+def _size_errors(where: str, family: str, size: int | None, entry: dict) -> list[str]:
+    errors = []
+    if family != "bd3lm" and "block_size" in entry:
+        errors.append(
+            f"{where}.block_size: only BD3LM has a training block size "
+            f"(decoding blocks are set per task under tasks.<task>.overrides)"
+        )
+    if family != "setdlm":
+        for key in ("d", "window"):
+            if key in entry:
+                errors.append(f"{where}.{key}: only SetDLM has {key}")
+    if family == "bd3lm" and entry.get("block_size") != size:
+        errors.append(
+            f"{where}.block_size: BD3LM needs its block size S = {size} (the name says s{size}), "
+            f"got {entry.get('block_size')}"
+        )
+    if family == "setdlm":
+        if size % 2:
+            errors.append(f"{where}: smax{size} is odd, but smax M = 2d")
+        elif entry.get("d") != size // 2:
+            errors.append(
+                f"{where}.d: SetDLM needs d = {size // 2} (smax{size} means M = 2d), "
+                f"got {entry.get('d')}"
+            )
+        if "window" not in entry:
+            errors.append(
+                f"{where}.window: SetDLM needs its decoding window W (the paper uses W = d)"
+            )
+    return errors
+
+
+def _length_errors(where: str, family: str, entry: dict, length: int, length_key: str):
+    if family == "bd3lm" and length % entry["block_size"]:
+        return [
+            f"{where}.block_size: S = {entry['block_size']} does not divide the model length "
+            f"{length} ({length_key})"
+        ]
+    if family == "setdlm" and 2 * entry["d"] > length:
+        return [f"{where}.d: smax 2d = {2 * entry['d']} exceeds the model length {length}"]
+    if family == "setdlm" and entry["window"] > length:
+        return [f"{where}.window: W = {entry['window']} exceeds the model length {length}"]
+    return []
+
+
+def _checkpoint_errors(where: str, domain: str, key: str, entry: dict, published: dict):
+    spec = resolve_key(key, published)
+    if spec is None:
+        return [f"{where}: unknown checkpoint key {key!r} (see workflows/config/models.yaml)"]
+    errors = []
+    if spec["task"] != domain:
+        errors.append(f"{where}: {key} is a {spec['task']} checkpoint, not a {domain} one")
+    if spec["family"] != entry["family"]:
+        errors.append(f"{where}: {key} is a {spec['family']} model, not {entry['family']}")
+    elif entry["family"] == "bd3lm" and spec["block_size"] != entry["block_size"]:
+        errors.append(f"{where}: {key} has S = {spec['block_size']}, not {entry['block_size']}")
+    elif entry["family"] == "setdlm" and spec["d"] != entry["d"]:
+        errors.append(f"{where}: {key} has d = {spec['d']}, not {entry['d']}")
+    return errors or _length_errors(where, entry["family"], entry, spec["length"], key)
+
+
+def model_length(config: dict, published: dict, name: str, task: str) -> int:
+    """The length of the model a task uses (its published checkpoint's, or the trained one's)."""
+    entry = config["models"][name]
+    if "train" in entry:
+        return {**TINY_DEFAULTS, **train_settings(config, name)}["length"]
+    return resolve_key(entry["checkpoint"][TASK_DOMAIN[task]], published)["length"]
+
+
+def _task_errors(task: str, settings: dict, config: dict, published: dict) -> list[str]:
+    where = f"tasks.{task}"
+    models = config["models"]
+    errors = []
+    for index, name in enumerate(settings["models"]):
+        if name not in models:
+            errors.append(f"{where}.models[{index}]: {name!r} is not defined under `models`")
+        elif "checkpoint" in models[name] and TASK_DOMAIN[task] not in models[name]["checkpoint"]:
+            errors.append(
+                f"models.{name}.checkpoint: no {TASK_DOMAIN[task]!r} checkpoint, which "
+                f"{where} needs"
+            )
+    if task in DECODING_TASKS:
+        errors += _threshold_errors(f"{where}.thresholds", settings["thresholds"])
+        for name, override in settings["overrides"].items():
+            errors += _override_errors(name, override, task, config, published)
+    if task == "unconditional":
+        errors += _evaluator_errors(f"{where}.evaluator", settings["evaluator"], models)
+    return errors
+
+
+def _threshold_errors(where: str, thresholds: list[float]) -> list[str]:
+    errors, seen = [], {}
+    for index, tau in enumerate(thresholds):
+        if not (0 < tau <= 1 or tau == NO_THRESHOLD):
+            errors.append(
+                f"{where}[{index}]: τ = {tau} is not a confidence in (0, 1] nor 1.0e+6 "
+                f"(no threshold)"
+            )
+        elif point_name(tau) in seen:
+            errors.append(
+                f"{where}[{index}]: τ = {tau} gives the same result folder "
+                f"{point_name(tau)} as {where}[{seen[point_name(tau)]}]"
+            )
+        seen.setdefault(point_name(tau), index)
+    return errors
+
+
+def _override_errors(name: str, override: dict, task: str, config: dict, published: dict):
+    where = f"tasks.{task}.overrides.{name}"
+    if name not in config["tasks"][task]["models"]:
+        return [f"{where}: {name!r} is not one of tasks.{task}.models"]
+    entry = config["models"].get(name)
+    if entry is None or ("checkpoint" in entry and TASK_DOMAIN[task] not in entry["checkpoint"]):
+        return []  # reported with the models list
+    family = entry["family"]
+    errors = _threshold_errors(f"{where}.thresholds", override.get("thresholds", []))
+    if "window" in override and family != "setdlm":
+        errors.append(f"{where}.window: only SetDLM has a decoding window ({name} is {family})")
+    if "block_size" in override:
+        length = model_length(config, published, name, task)
+        if family not in ("mdlm", "bd3lm"):
+            errors.append(
+                f"{where}.block_size: only MDLM and BD3LM decode in blocks ({name} is {family})"
+            )
+        elif length % override["block_size"]:
+            errors.append(
+                f"{where}.block_size: {override['block_size']} does not divide the model "
+                f"length {length}"
+            )
+    return errors
+
+
+def _evaluator_errors(where: str, evaluator, models: dict) -> list[str]:
+    if not isinstance(evaluator, dict):
+        return []
+    name = evaluator["model"]
+    if name not in models:
+        return [f"{where}.model: {name!r} is not defined under `models`"]
+    if "train" not in models[name] or models[name]["family"] != "ar":
+        return [
+            f"{where}.model: {name!r} must be an AR model trained by this workflow "
+            f"(gen-PPL scores text with a causal model folder)"
+        ]
+    return []
+
+
+# ------------------------------------------------------------------------------------ data
+def used_models(config: dict) -> list[str]:
+    """Models some task evaluates (or scores with), in definition order."""
+    used = set()
+    for settings in config["tasks"].values():
+        used.update(settings["models"])
+        evaluator = settings.get("evaluator")
+        if isinstance(evaluator, dict):
+            used.add(evaluator["model"])
+    return [name for name in config["models"] if name in used]
+
+
+def task_dataset(task: str, settings: dict) -> str:
+    """The dataset a task reads."""
+    if task in LIKELIHOOD_TASKS:
+        data = LIKELIHOOD_TASKS[task]
+    elif task == "unconditional":
+        data = settings["references"]
+    elif task.startswith("infill"):
+        return "rocstories"
+    else:
+        return {"gsm8k": "gsm8k", "cnndm": "cnn_dailymail"}[task]
+    return {"owt": "openwebtext"}.get(data, data)
+
+
+def datasets_needed(config: dict) -> dict[str, str]:
+    """Dataset name -> the first key that needs it (trained models read WikiText-2)."""
+    needed: dict[str, str] = {}
+    for task, settings in config["tasks"].items():
+        needed.setdefault(task_dataset(task, settings), f"tasks.{task}")
+    for name in used_models(config):
+        if "train" in config["models"][name]:
+            needed.setdefault("wikitext2", f"models.{name}.train")
+    return needed
+
+
+def data_dir(config: dict, environ=os.environ) -> Path | None:
+    """The directory ``dir`` sources copy from: data.dir, else $SETDLM_DATA_DIR."""
+    value = config["data"]["dir"] or environ.get("SETDLM_DATA_DIR")
+    return Path(value).expanduser().resolve() if value else None
+
+
+def _data_errors(config: dict, environ) -> list[str]:
+    errors = []
+    root = data_dir(config, environ)
+    for name, why in datasets_needed(config).items():
+        if config["data"]["sources"][name] != "dir":
+            continue
+        if root is None:
+            errors.append(
+                f"data.dir: not set and SETDLM_DATA_DIR is unset, but data.sources.{name} = dir "
+                f"(needed by {why})"
+            )
+        elif datasets.source_file(name, root) is None:
+            folder = root / datasets.DATASETS[name].folder
+            errors.append(
+                f"data.sources.{name}: {folder} holds none of "
+                f"{list(datasets.DATASETS[name].files)} (needed by {why})"
+            )
+    return errors

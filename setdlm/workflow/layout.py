@@ -1,0 +1,99 @@
+"""The results layout and the names every stage agrees on (shared with sync and report).
+
+    <results>/runs/<config name>/
+        data/                        prepared data laid out like SETDLM_DATA_DIR + manifest.json
+        models/<model name>/         a trained model folder, or checkpoint-<domain>.json markers
+        <task>/<model name>/<point>/ one evaluation result: samples.jsonl, metrics.json, run.json
+        logs/                        one log per job (flat: nothing in it looks like a result)
+    <results>/mlflow.db, <results>/tables/<config name>/, <results>/figures/<config name>/
+
+Model names say the family and size: ``ar``, ``mdlm``, ``bd3lm-s<S>``, ``setdlm-smax<M>``
+(M = 2d, the paper's pairing of SetDLM-smax2S with BD3LM-S). A decoding point is
+``tau-<τ:g>`` (always, even for one τ); likelihood has the single point ``default``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+MODEL_NAME = re.compile(
+    r"^(?:(?P<plain>ar|mdlm)|bd3lm-s(?P<s>[1-9]\d*)|setdlm-smax(?P<m>[1-9]\d*))$"
+)
+
+DECODING_TASKS = ("gsm8k", "cnndm", "infill-1", "infill-3", "unconditional")
+# likelihood-<data>: the held-out set each likelihood task reads
+LIKELIHOOD_TASKS = {
+    "likelihood-wikitext2": "wikitext2",
+    "likelihood-owt": "owt",
+    "likelihood-lm1b": "lm1b",
+}
+TASKS = (*DECODING_TASKS, *LIKELIHOOD_TASKS)
+LIKELIHOOD_POINT = "default"
+
+# Which published checkpoint a task uses (models.yaml is keyed "<domain>:<model>"): the paper
+# infills and samples with the OWT models, and scores each held-out set with its own models.
+# WikiText-2 has no published models; the OWT ones (GPT-2 tokenizer) are the closest.
+TASK_DOMAIN = {
+    "gsm8k": "gsm8k",
+    "cnndm": "cnndm",
+    "infill-1": "owt",
+    "infill-3": "owt",
+    "unconditional": "owt",
+    "likelihood-wikitext2": "owt",
+    "likelihood-owt": "owt",
+    "likelihood-lm1b": "lm1b",
+}
+DOMAINS = ("gsm8k", "cnndm", "owt", "lm1b")
+
+# The paper's tables and the tasks each is built from.
+TABLES = {
+    "gsm8k": ("gsm8k",),
+    "cnndm": ("cnndm",),
+    "infill": ("infill-1", "infill-3"),
+    "unconditional": ("unconditional",),
+    "likelihood": tuple(LIKELIHOOD_TASKS),
+}
+TABLE_FORMATS = ("md", "csv", "tex")
+# The file name `setdlm report tables` gives each table: <tables>/<stem>.{md,csv,tex}.
+TABLE_FILES = {
+    "gsm8k": "gsm8k_pareto",
+    "cnndm": "cnndm",
+    "infill": "rocstories_infill",
+    "unconditional": "unconditional",
+    "likelihood": "likelihood",
+}
+# One speed-quality figure per decoding task: <figures>/<task>_pareto.{png,pdf}.
+FIGURE_FORMATS = ("png", "pdf")
+
+
+def model_family(name: str) -> tuple[str, int | None] | None:
+    """(family, size) from a model name: S for BD3LM, M = smax for SetDLM; None if malformed."""
+    match = MODEL_NAME.match(name)
+    if match is None:
+        return None
+    if match["plain"]:
+        return match["plain"], None
+    if match["s"]:
+        return "bd3lm", int(match["s"])
+    return "setdlm", int(match["m"])
+
+
+def table_files(folder: str, table: str) -> list[str]:
+    return [f"{folder}/{TABLE_FILES[table]}.{fmt}" for fmt in TABLE_FORMATS]
+
+
+def figure_files(folder: str, task: str) -> list[str]:
+    return [f"{folder}/{task}_pareto.{fmt}" for fmt in FIGURE_FORMATS]
+
+
+def point_name(threshold: float) -> str:
+    return f"tau-{threshold:g}"
+
+
+def run_dir(results: str | Path, name: str) -> Path:
+    return Path(results) / "runs" / name
+
+
+def result_dir(run: str | Path, task: str, model: str, point: str) -> Path:
+    return Path(run) / task / model / point

@@ -1,0 +1,596 @@
+"""The Snakemake workflow: configuration checks, the job plan, the paper matrix's dry run on the
+SLURM profile, and a reduced tiny run end to end (nothing left to do on a second run, a config
+change reruns only what it affects, a killed run resumes without losing or repeating samples).
+
+The end-to-end tests share one finished run (about a minute on 2 cores) and each works on its own
+copy of it, ``.snakemake`` metadata included, so they can run alone or in any order.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from setdlm.workflow import datasets, layout, points
+from setdlm.workflow.config import (
+    MODELS_PATH,
+    TINY_DEFAULTS,
+    ConfigError,
+    load_yaml,
+    validate,
+)
+from setdlm.workflow.plan import build
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG_DIR = REPO / "workflows" / "config"
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+
+# A reduced tiny configuration: two families, two tasks, a τ sweep, seconds of training.
+MINI = {
+    "name": "mini",
+    "data": {"sources": {"gsm8k": "dir", "wikitext2": "dir"}},
+    "train": {"steps": 8, "warmup_steps": 2, "hidden_size": 32, "batch_size": 8},
+    "models": {
+        "ar": {"family": "ar", "train": {}},
+        "setdlm-smax8": {"family": "setdlm", "d": 4, "window": 4, "train": {}},
+    },
+    "tasks": {
+        "gsm8k": {
+            "models": ["ar", "setdlm-smax8"],
+            "limit": 2,
+            "max_new_tokens": 8,
+            "thresholds": [1e6, 0.5],
+            "overrides": {"ar": {"thresholds": [1e6]}},
+        },
+        "likelihood-wikitext2": {"models": ["ar", "setdlm-smax8"], "limit": 8},
+    },
+}
+MINI_POINTS = [
+    "gsm8k/ar/tau-1e+06",
+    "gsm8k/setdlm-smax8/tau-1e+06",
+    "gsm8k/setdlm-smax8/tau-0.5",
+    "likelihood-wikitext2/ar/default",
+    "likelihood-wikitext2/setdlm-smax8/default",
+]
+
+
+def environ(data_dir: Path) -> dict:
+    env = dict(os.environ)
+    env.update(
+        SETDLM_DATA_DIR=str(data_dir),
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        # commits landing while the suite runs must not look like new code
+        SETDLM_CODE_VERSION="test-suite",
+    )
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return env
+
+
+# ------------------------------------------------------------------------------ tables agree
+def test_models_yaml_is_the_zoo_table():
+    from setdlm.workflow.models import render
+
+    assert MODELS_PATH.read_text() == render(), (
+        "workflows/config/models.yaml differs from setdlm/zoo.py; regenerate it with "
+        "`python -m setdlm.workflow.models > workflows/config/models.yaml`"
+    )
+
+
+def test_layout_agrees_with_the_loaders_the_report_and_the_tiny_recipe():
+    from setdlm.data import text
+    from setdlm.eval import cnndm, infill, likelihood
+    from setdlm.report import figures, tables
+    from setdlm.tiny import TinySettings
+
+    files = {name: (d.folder, d.files) for name, d in datasets.DATASETS.items()}
+    assert all(name == folder for name, (folder, _) in files.items())
+    assert files["gsm8k"] == ("gsm8k", ("test.jsonl",))  # load_gsm8k: gsm8k/<split>.jsonl
+    assert files["cnn_dailymail"] == (
+        cnndm.OFFLINE_FILE[0],
+        (cnndm.FULL_TEST_FILE[1], cnndm.OFFLINE_FILE[1]),
+    )
+    assert files["rocstories"] == (infill.ROCSTORIES_FILE[0], (infill.ROCSTORIES_FILE[1],))
+    assert files["wikitext2"] == ("wikitext2", (text._WIKITEXT_FILES["test"],))
+    for name, data in (("openwebtext", "owt"), ("lm1b", "lm1b")):
+        folder, file = likelihood.PREPARED_FILES[data]
+        assert files[name] == (folder, (file,)) and datasets.DATASETS[name].hub_file == file
+    report_files = {"gsm8k": tables.GSM8K.key, "likelihood": tables.LIKELIHOOD.key}
+    report_files.update({name: spec.key for name, spec in tables.SPECS.items()})
+    assert report_files == layout.TABLE_FILES
+    assert set(layout.TABLES) == set(tables.TABLES)
+    assert set(figures.FIGURES) == set(layout.DECODING_TASKS)
+    settings = TinySettings()
+    assert {key: getattr(settings, key) for key in TINY_DEFAULTS} == TINY_DEFAULTS
+
+
+# --------------------------------------------------------------------------- configuration
+def _tiny() -> dict:
+    return load_yaml(CONFIG_DIR / "tiny.yaml")
+
+
+def _paper() -> dict:
+    return load_yaml(CONFIG_DIR / "paper.yaml")
+
+
+def _set(config: dict, dotted: str, value) -> dict:
+    config = copy.deepcopy(config)
+    *parents, last = dotted.split(".")
+    node = config
+    for part in parents:
+        node = node[part]
+    if value is DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return config
+
+
+DELETE = object()
+# (base, key to set, value, the key the error must name, and a phrase it must say)
+BAD_CONFIGS = [
+    (_tiny, "colour", "red", "colour", "unknown key"),
+    (_tiny, "tasks.gsm8k.limt", 3, "tasks.gsm8k.limt", "unknown key"),
+    (_tiny, "tasks.mmlu", {"models": ["ar"]}, "tasks.mmlu", "unknown key"),
+    (_tiny, "tasks.gsm8k.limit", "three", "tasks.gsm8k.limit", "not of type"),
+    (_tiny, "tasks.gsm8k.thresholds", ["1e6"], "tasks.gsm8k.thresholds[0]", "1.0e+6"),
+    (_tiny, "tasks.gsm8k.thresholds", [1e6, 1.5], "tasks.gsm8k.thresholds[1]", "(0, 1]"),
+    (_tiny, "tasks.gsm8k.thresholds", [0.9, 0.90000000001], "tasks.gsm8k.thresholds[1]", "same"),
+    (_tiny, "tasks.gsm8k.models", DELETE, "tasks.gsm8k", "'models' is a required property"),
+    (_tiny, "tasks.cnndm.models", ["ar", "bd3lm-s8"], "tasks.cnndm.models[1]", "not defined"),
+    (_tiny, "models.gpt2", {"family": "ar", "train": {}}, "models.gpt2", "not a model name"),
+    (_tiny, "models.ar.family", "mdlm", "models.ar.family", "name says ar"),
+    (_tiny, "models.ar.checkpoint", {"gsm8k": "gsm8k:ar"}, "models.ar", "not both"),
+    (_tiny, "models.ar.train", DELETE, "models.ar", "not neither"),
+    (_tiny, "models.bd3lm-s4.block_size", 8, "models.bd3lm-s4.block_size", "S = 4"),
+    (_tiny, "models.bd3lm-s4.train", {"length": 66}, "models.bd3lm-s4.block_size", "divide"),
+    (_tiny, "models.setdlm-smax8.window", DELETE, "models.setdlm-smax8.window", "W"),
+    (_tiny, "models.setdlm-smax8.d", 8, "models.setdlm-smax8.d", "d = 4"),
+    (_tiny, "models.mdlm.window", 4, "models.mdlm.window", "only SetDLM"),
+    (_tiny, "train.hidden_size", 130, "train.hidden_size", "n_heads"),
+    (_tiny, "train.warmup_steps", 500, "train.warmup_steps", "exceed"),
+    (_tiny, "tasks.gsm8k.overrides.mdlm.window", 4, "tasks.gsm8k.overrides.mdlm.window", "SetDLM"),
+    (_tiny, "tasks.gsm8k.overrides.mdlm.block_size", 5, "tasks.gsm8k.overrides.mdlm.block", "64"),
+    (_tiny, "tasks.cnndm.overrides", {"gpt": {}}, "tasks.cnndm.overrides.gpt", "not one of"),
+    (
+        _tiny,
+        "tasks.unconditional.evaluator",
+        {"model": "mdlm"},
+        "tasks.unconditional.evaluator",
+        "AR",
+    ),
+    (_tiny, "resources.default.mem_mb", "2G", "resources.default.mem_mb", "not of type"),
+    (_tiny, "data.sources.rocstories", "hub", "data.sources.rocstories", "is not one of"),
+    (_paper, "models.ar.checkpoint.gsm8k", "gsm8k:arr", "models.ar.checkpoint.gsm8k", "unknown"),
+    (_paper, "models.ar.checkpoint.gsm8k", "cnndm:ar", "models.ar.checkpoint.gsm8k", "cnndm"),
+    (_paper, "models.bd3lm-s4.checkpoint.owt", "owt:bd3lm-s8", "models.bd3lm-s4.checkpoint", "S"),
+    (_paper, "models.mdlm.checkpoint.cnndm", DELETE, "models.mdlm.checkpoint", "'cnndm'"),
+]
+
+
+@pytest.mark.parametrize(
+    "base, key, value, named, phrase", BAD_CONFIGS, ids=[f"{c[1]}={c[2]!r}" for c in BAD_CONFIGS]
+)
+def test_a_bad_configuration_is_rejected_naming_the_key(data_dir, base, key, value, named, phrase):
+    with pytest.raises(ConfigError) as raised:
+        validate(_set(base(), key, value), environ={"SETDLM_DATA_DIR": str(data_dir)})
+    matching = [e for e in raised.value.errors if e.startswith(named)]
+    assert matching, f"no error names {named}: {raised.value.errors}"
+    assert any(phrase in e for e in matching), matching
+
+
+def test_data_sources_are_checked_before_any_job(tmp_path, data_dir):
+    config = _tiny()
+    with pytest.raises(ConfigError) as raised:
+        validate(config, environ={})
+    assert any(e.startswith("data.dir: not set") for e in raised.value.errors)
+    with pytest.raises(ConfigError) as raised:
+        validate(_set(config, "data.dir", str(tmp_path)), environ={})
+    assert any(
+        e.startswith("data.sources.gsm8k") and "test.jsonl" in e for e in raised.value.errors
+    )
+
+
+def test_the_shipped_configurations_are_valid(data_dir):
+    for config in (_tiny(), _paper()):
+        validate(config, environ={"SETDLM_DATA_DIR": str(data_dir)})
+
+
+def test_snakemake_refuses_a_bad_configuration_before_queueing_jobs(tmp_path, data_dir):
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml.safe_dump(_set(_tiny(), "tasks.gsm8k.thresholds", [0.9, 2.0])))
+    result = subprocess.run(
+        [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(tmp_path / "work"), "-n"]
+        + ["all_tables", "--configfile", str(config)],
+        capture_output=True,
+        text=True,
+        env=environ(data_dir),
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert "tasks.gsm8k.thresholds[1]: τ = 2.0" in result.stdout + result.stderr
+    assert not (tmp_path / "work" / "results").exists()
+
+
+# ------------------------------------------------------------------------------------ plan
+def test_plan_points_commands_and_hashes(data_dir):
+    env = {"SETDLM_DATA_DIR": str(data_dir)}
+    plan = build(_tiny(), env)
+    gsm8k = [key for key in plan.points if key[0] == "gsm8k"]
+    assert ("gsm8k", "ar", "tau-1e+06") in gsm8k and ("gsm8k", "ar", "tau-0.9") not in gsm8k
+    assert len(gsm8k) == 1 + 1 + 3 + 3  # AR and MDLM one point, the others the τ sweep
+    point = plan.point("gsm8k", "setdlm-smax8", "tau-0.9")
+    assert point.folder == "results/runs/tiny/gsm8k/setdlm-smax8/tau-0.9"
+    assert "--threshold 0.9 " in point.command and "--window 4" in point.command
+    assert point.inputs == {
+        "model": "results/runs/tiny/models/setdlm-smax8/checkpoint.json",
+        "data": "results/runs/tiny/data/gsm8k/manifest.json",
+    }
+    unconditional = plan.point("unconditional", "mdlm", "tau-1e+06")
+    assert "--evaluator results/runs/tiny/models/ar" in unconditional.command
+    assert unconditional.inputs["evaluator"] == "results/runs/tiny/models/ar/checkpoint.json"
+    # One task's setting changes that task's points and nothing else.
+    changed = build(_set(_tiny(), "tasks.cnndm.limit", 5), env)
+    differ = {k for k, p in plan.points.items() if changed.points[k].config_hash != p.config_hash}
+    assert differ == {k for k in plan.points if k[0] == "cnndm"}
+    assert changed.trained == plan.trained and changed.data == plan.data
+    # A τ added to the sweep is one more point; the others keep their hash.
+    more = build(_set(_tiny(), "tasks.gsm8k.thresholds", [1e6, 0.9, 0.5, 0.7]), env)
+    assert set(more.points) - set(plan.points) == {
+        ("gsm8k", "bd3lm-s4", "tau-0.7"),
+        ("gsm8k", "setdlm-smax8", "tau-0.7"),
+    }
+    assert all(more.points[k].config_hash == p.config_hash for k, p in plan.points.items())
+
+
+def test_paper_plan_skips_unloadable_checkpoints_with_a_warning(data_dir):
+    warnings = []
+    plan = build(_paper(), {"SETDLM_DATA_DIR": str(data_dir)}, log=warnings.append)
+    assert len([k for k in plan.points if k[0] == "gsm8k"]) == 2 + 6 * 10
+    assert ("infill-1", "ar", "tau-1e+06") not in plan.points
+    assert any("infill-1/ar: owt:ar cannot be loaded" in w for w in warnings)
+    assert "--window 32" in plan.point("infill-3", "setdlm-smax32", "tau-1e+06").command
+    assert (
+        plan.point("gsm8k", "bd3lm-s8", "tau-0.6")
+        .inputs["model"]
+        .endswith("models/bd3lm-s8/checkpoint-gsm8k.json")
+    )
+    assert set(plan.data) == {"gsm8k", "cnn_dailymail", "rocstories", "openwebtext", "lm1b"}
+
+
+# ----------------------------------------------------------------------------- result guards
+def test_a_result_folder_resumes_the_same_job_and_clears_another(tmp_path):
+    folder = tmp_path / "point"
+    points.start(folder, "hash-a", "v1")
+    (folder / "samples.jsonl").write_text('{"id": "a"}\n')
+    points.start(folder, "hash-a", "v1")  # rerun of the same job: keep its samples
+    assert (folder / "samples.jsonl").exists()
+    points.start(folder, "hash-b", "v1")  # another configuration: start over
+    assert not (folder / "samples.jsonl").exists()
+    (folder / "samples.jsonl").write_text('{"id": "a"}\n{"id": "b"}\n{"id": "a"}\n')
+    (folder / "metrics.json").write_text(json.dumps({"examples": 3}))
+    with pytest.raises(RuntimeError, match="repeats examples"):
+        points.finish(folder)
+    (folder / "samples.jsonl").write_text('{"id": "a"}\n{"id": "b"}\n')
+    with pytest.raises(RuntimeError, match="counts 3 examples"):
+        points.finish(folder)
+    (folder / "metrics.json").write_text(json.dumps({"examples": 2}))
+    assert points.finish(folder)["examples"] == 2
+
+
+# ------------------------------------------------------------------------------------ data
+def test_prepared_data_has_a_manifest_that_matches_the_mirror(tmp_path, data_dir):
+    from setdlm.workflow.data import main
+
+    out = tmp_path / "data"
+    for name in ("gsm8k", "rocstories"):
+        assert main(["prepare", "--dataset", name, "--source", "dir", "--out", str(out)]) == 0
+    assert main(["manifest", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    entries = {entry["path"]: entry for entry in manifest["files"]}
+    assert entries["gsm8k/test.jsonl"]["rows"] == 1319
+    assert entries["rocstories/cloze_test_val__spring2016.csv"]["rows"] == 1871
+    sums = {}
+    for line in (data_dir / "SHA256SUMS").read_text().splitlines():
+        digest, path = line.split("  ")
+        sums[path.removeprefix("./")] = digest
+    for path, entry in entries.items():
+        assert sums[path] == entry["sha256"], path
+    assert main(["verify", str(out)]) == 0
+    with open(out / "gsm8k" / "test.jsonl", "a") as handle:
+        handle.write('{"question": "q", "answer": "#### 1"}\n')
+    assert datasets.verify(out) == ["gsm8k/test.jsonl: sha256 differs from the manifest"]
+
+
+def test_hub_sources_are_written_in_the_mirror_format(tmp_path, monkeypatch):
+    import datasets as hf_datasets
+
+    from setdlm.eval import cnndm, likelihood
+
+    fake = {
+        "abisee/cnn_dailymail": [{"id": "c1", "article": "A story .", "highlights": "Short ."}],
+        "wikitext": [{"text": " = Title = \n"}, {"text": "\n"}, {"text": " Body text .\n"}],
+        "lm1b": [{"text": "one sentence ."}, {"text": "another ."}],
+    }
+    monkeypatch.setattr(
+        hf_datasets,
+        "load_dataset",
+        lambda hub_id, config=None, split=None: hf_datasets.Dataset.from_list(fake[hub_id]),
+    )
+    out = tmp_path / "data"
+    for name in ("cnn_dailymail", "wikitext2", "lm1b"):
+        part = datasets.prepare(name, "hub", out, None, log=lambda *_: None)
+        assert part["files"][0]["source"]["kind"] == "hub"
+    assert (out / "wikitext2" / "wiki.test.raw").read_text() == " = Title = \n Body text .\n"
+    monkeypatch.setenv("SETDLM_DATA_DIR", str(out))
+    # The task loaders read the prepared copies: CNN/DM's full split, LM1B's documents.
+    assert cnndm.load_test_articles() == [cnndm.Article("c1", "A story .", "Short .")]
+    assert cnndm.data_source()["source"] == "cnn_dailymail/test.jsonl"
+    assert likelihood.heldout_documents("lm1b") == ["one sentence .", "another ."]
+
+
+# ------------------------------------------------------------------------------- training
+def test_setdlm_train_trains_exactly_like_the_tiny_job(tmp_path, data_dir, monkeypatch):
+    from safetensors.torch import load_file
+
+    from setdlm.tiny import TinySettings, run_tiny
+    from setdlm.workflow.train import main
+
+    monkeypatch.setenv("SETDLM_DATA_DIR", str(data_dir))
+    small = {"steps": 3, "warmup_steps": 1, "hidden_size": 32, "batch_size": 4}
+    config = copy.deepcopy(MINI) | {"train": small}
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    out = tmp_path / "models" / "setdlm-smax8"
+    assert main(["--config", str(config_path), "--model", "setdlm-smax8", "--out", str(out)]) == 0
+    run_tiny(
+        tmp_path / "tiny",
+        TinySettings(**small, num_prompts=1, new_tokens=2),
+        ("setdlm",),
+        log=lambda *_: None,
+    )
+    ours = load_file(out / "model.safetensors")
+    tiny = load_file(tmp_path / "tiny" / "setdlm" / "model" / "model.safetensors")
+    assert ours.keys() == tiny.keys()
+    assert all(ours[name].equal(tiny[name]) for name in ours)
+    assert (out / "tokenizer.json").read_bytes() == (
+        tmp_path / "tiny" / "setdlm" / "model" / "tokenizer.json"
+    ).read_bytes()
+    marker = json.loads((out / "checkpoint.json").read_text())
+    assert marker["steps"] == 3 and set(marker["files"]) >= {"model.safetensors", "config.json"}
+
+
+# --------------------------------------------------------------------- the SLURM dry run
+def test_profile_install_and_paper_dry_run_on_slurm(tmp_path, data_dir):
+    from setdlm.workflow.profile import main
+
+    env = environ(data_dir) | {"XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    installed = subprocess.run(
+        [str(Path(sys.executable).with_name("setdlm")), "profile", "install", "slurm"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert installed.returncode == 0, installed.stderr
+    assert (tmp_path / "xdg" / "snakemake" / "slurm" / "config.yaml").is_file()
+    assert main(["install", "slurm", "--dest", str(tmp_path / "xdg" / "snakemake")]) == 1
+    # The user's command, from the repository, with no SLURM installed.
+    work = tmp_path / "work"
+    result = subprocess.run(
+        [SNAKEMAKE, "--profile", "slurm", "-n", "all_tables", "-d", str(work)]
+        + ["--configfile", "workflows/config/paper.yaml"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", output, flags=re.MULTILINE))
+    assert counts["evaluate"] == "94" and counts["fetch_model"] == "30"
+    assert counts["prepare_data"] == "5" and counts["total"] == "138"
+    job = re.search(
+        r"rule evaluate:\n(?:    .*\n)*?    wildcards: task=gsm8k, model=setdlm-smax32, "
+        r"point=tau-0\.6\n    threads: (\d+)\n    resources: (.*)",
+        output,
+    )
+    assert job, "the GSM8K SetDLM-smax32 τ = 0.6 job is not listed"
+    assert job.group(1) == "4"
+    resources = dict(item.split("=", 1) for item in job.group(2).split(", "))
+    assert resources["gpu"] == "1" and resources["gpu_model"] == "h100"
+    assert resources["mem_mb"] == "64000" and resources["runtime"] == "720"
+    assert resources["slurm_partition"] == "CHANGE_ME_partition"
+    assert "--threads 4 eval gsm8k --model gsm8k:setdlm-smax32" in output
+    assert not (work / "results").exists()  # a dry run writes nothing
+
+
+def test_each_table_target_needs_only_its_own_tasks(tmp_path, data_dir):
+    def dry_run(*args):
+        command = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "-n", *args]
+        done = subprocess.run(command, capture_output=True, text=True, env=environ(data_dir))
+        return done.returncode, done.stdout + done.stderr
+
+    code, output = dry_run("table_infill")  # the embedded default: tiny.yaml
+    assert code == 0, output[-3000:]
+    counts = job_counts(output)
+    assert counts["evaluate"] == 2 * 4 and counts["train_model"] == 4
+    assert set(counts) == {"prepare_data", "train_model", "evaluate", "table_infill", "total"}
+    (tmp_path / "mini.yaml").write_text(yaml.safe_dump(MINI))
+    code, output = dry_run("table_cnndm", "--configfile", str(tmp_path / "mini.yaml"))
+    assert code != 0 and "table_cnndm: the configuration has no task of this table" in output
+
+
+# ------------------------------------------------------------------------ the tiny run, e2e
+def snakemake(workdir: Path, data_dir: Path, *args, check=True, cores=2, **popen):
+    command = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--cores", str(cores)]
+    command += [*args, "--configfile", str(workdir / "config.yaml")]
+    if popen:
+        return subprocess.Popen(command, env=environ(data_dir), **popen)
+    result = subprocess.run(command, capture_output=True, text=True, env=environ(data_dir))
+    if check:
+        assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return result
+
+
+def nothing_to_do(result) -> bool:
+    return "Nothing to be done" in result.stdout + result.stderr
+
+
+def job_counts(output: str) -> dict[str, int]:
+    table = output.split("Job stats:")[1].split("\n\n")[0] if "Job stats:" in output else ""
+    return {name: int(n) for name, n in re.findall(r"^(\w+)\s+(\d+)$", table, re.MULTILINE)}
+
+
+def read_samples(folder: Path) -> list[dict]:
+    """The complete lines of samples.jsonl (a killed run may leave a torn last line)."""
+    lines = (folder / "samples.jsonl").read_text().split("\n")[:-1]
+    return [json.loads(line) for line in lines]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, data_dir) -> Path:
+    """The reduced configuration's all_tables, run once for the module."""
+    workdir = tmp_path_factory.mktemp("workflow")
+    (workdir / "config.yaml").write_text(yaml.safe_dump(MINI))
+    result = snakemake(workdir, data_dir, "all_tables", "all")
+    (workdir / "first-run.log").write_text(result.stdout + result.stderr)
+    return workdir
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path) -> Path:
+    """A private copy of the finished run, metadata and modification times included."""
+    copy_dir = tmp_path / "run"
+    shutil.copytree(finished_run, copy_dir, symlinks=True)
+    return copy_dir
+
+
+@pytest.mark.slow
+def test_the_tiny_workflow_writes_every_result(finished_run):
+    run = finished_run / "results" / "runs" / "mini"
+    first = job_counts((finished_run / "first-run.log").read_text())
+    assert first["prepare_data"] == 2 and first["train_model"] == 2 and first["evaluate"] == 5
+    for key in MINI_POINTS:
+        folder = run / key
+        metrics = json.loads((folder / "metrics.json").read_text())
+        ids = [record["id"] for record in read_samples(folder)]
+        assert len(ids) == len(set(ids)) == metrics["examples"], key
+    # The evaluations read the prepared copies, which match the manifest.
+    manifest = json.loads((run / "data" / "manifest.json").read_text())
+    assert {e["path"] for e in manifest["files"]} == {"gsm8k/test.jsonl", "wikitext2/wiki.test.raw"}
+    assert datasets.verify(run / "data") == []
+    gsm8k = json.loads((run / "gsm8k/ar/tau-1e+06/run.json").read_text())
+    assert gsm8k["config"]["model_source"] == "results/runs/mini/models/ar"
+    for model in ("ar", "setdlm-smax8"):
+        marker = json.loads((run / "models" / model / "checkpoint.json").read_text())
+        assert marker["source"] == "trained" and marker["steps"] == 8
+    tables = finished_run / "results" / "tables" / "mini"
+    assert sorted(p.name for p in tables.iterdir()) == sorted(
+        f"{stem}.{fmt}" for stem in ("gsm8k_pareto", "likelihood") for fmt in ("csv", "md", "tex")
+    )
+    figures = finished_run / "results" / "figures" / "mini"
+    assert sorted(p.name for p in figures.iterdir()) == ["gsm8k_pareto.pdf", "gsm8k_pareto.png"]
+    assert (run / "mlflow.synced").exists() and (finished_run / "results" / "mlflow.db").exists()
+
+
+@pytest.mark.slow
+def test_a_second_run_has_nothing_to_do(run_copy, data_dir):
+    assert nothing_to_do(snakemake(run_copy, data_dir, "all"))
+
+
+@pytest.mark.slow
+def test_a_changed_task_setting_reruns_only_the_jobs_it_affects(run_copy, data_dir):
+    run = run_copy / "results" / "runs" / "mini"
+    config = yaml.safe_load((run_copy / "config.yaml").read_text())
+    config["tasks"]["likelihood-wikitext2"]["limit"] = 6
+    config["tasks"]["gsm8k"]["thresholds"].append(0.9)  # one more point, the others untouched
+    (run_copy / "config.yaml").write_text(yaml.safe_dump(config))
+    planned = snakemake(run_copy, data_dir, "all", "-n")
+    counts = job_counts(planned.stdout + planned.stderr)
+    assert counts["evaluate"] == 3  # 2 likelihood points + GSM8K SetDLM τ = 0.9
+    assert "train_model" not in counts and "prepare_data" not in counts
+    assert {"table_likelihood", "table_gsm8k", "figures", "sync_mlflow"} <= set(counts)
+    untouched = {key: (run / key / "metrics.json").stat().st_mtime_ns for key in MINI_POINTS[:3]}
+    snakemake(run_copy, data_dir, "all")
+    assert untouched == {k: (run / k / "metrics.json").stat().st_mtime_ns for k in untouched}
+    for model in ("ar", "setdlm-smax8"):
+        folder = run / "likelihood-wikitext2" / model / "default"
+        metrics = json.loads((folder / "metrics.json").read_text())
+        assert metrics["examples"] == len(read_samples(folder)) == 6
+    assert (run / "gsm8k/setdlm-smax8/tau-0.9/metrics.json").exists()
+    assert nothing_to_do(snakemake(run_copy, data_dir, "all"))
+
+
+def _wait_for_samples(folder: Path, old_stamp: str, process, timeout: float = 180) -> int:
+    """Wait until the new evaluation in ``folder`` has written samples but not finished."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "the workflow ended before it could be interrupted"
+        stamp, samples = folder / points.STAMP, folder / "samples.jsonl"
+        if stamp.exists() and stamp.read_text() != old_stamp and samples.exists():
+            lines = samples.read_text().count("\n")
+            if lines and not (folder / "metrics.json").exists():
+                return lines
+        time.sleep(0.02)
+    raise AssertionError(f"{folder} got no samples in {timeout} s")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGINT to the process group", "SIGTERM to snakemake"])
+def test_a_killed_run_resumes_without_losing_or_repeating_samples(run_copy, data_dir, how):
+    run = run_copy / "results" / "runs" / "mini"
+    before = {record["id"]: record for record in read_samples(run / "gsm8k/ar/tau-1e+06")}
+    config = yaml.safe_load((run_copy / "config.yaml").read_text())
+    config["tasks"]["gsm8k"]["limit"] = 12  # the points start over, with more examples
+    (run_copy / "config.yaml").write_text(yaml.safe_dump(config))
+    folder = run / "gsm8k/ar/tau-1e+06"
+    old_stamp = (folder / points.STAMP).read_text()
+    process = snakemake(
+        run_copy,
+        data_dir,
+        "all",
+        cores=1,  # one job at a time: the AR point's job is the one running when killed
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    try:
+        written = _wait_for_samples(folder, old_stamp, process)
+        if how.startswith("SIGINT"):
+            os.killpg(process.pid, signal.SIGINT)  # Ctrl-C: the jobs die mid-example
+        else:
+            process.send_signal(signal.SIGTERM)  # snakemake alone: it lets running jobs finish
+        process.wait(timeout=180)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    kept = read_samples(folder)[:written]
+    if how.startswith("SIGINT"):
+        assert written < 12  # the job really died mid-example
+    snakemake(run_copy, data_dir, "all", "--rerun-incomplete")
+    after = read_samples(folder)
+    assert after[: len(kept)] == kept  # the samples written before the kill were kept
+    ids = [record["id"] for record in after]
+    assert len(ids) == len(set(ids)) == 12  # none lost, none repeated
+    assert json.loads((folder / "metrics.json").read_text())["examples"] == 12
+    for record in after:  # the same outputs as the uninterrupted first run
+        if record["id"] in before:
+            assert record["output_ids"] == before[record["id"]]["output_ids"]
+    for key in MINI_POINTS[:3]:
+        records = read_samples(run / key)
+        assert len({r["id"] for r in records}) == len(records) == 12, key
+    assert nothing_to_do(snakemake(run_copy, data_dir, "all"))

@@ -1,0 +1,39 @@
+# Prepared data: each dataset a task (or training) reads, copied from the data directory or
+# fetched from the Hub into <run>/data/ (laid out like SETDLM_DATA_DIR) with its manifest part;
+# data_manifest merges the parts into <run>/data/manifest.json.
+import shlex
+
+from setdlm.workflow.config import digest
+
+DATA_DIR_ARG = f"--data-dir {shlex.quote(str(DATA_DIR))}" if DATA_DIR else ""
+
+
+rule prepare_data:
+    output:
+        ensure(f"{RUN}/data/{{dataset}}/manifest.json", non_empty=True),
+    params:
+        source=lambda wildcards: PLAN.config["data"]["sources"][wildcards.dataset],
+        # the source's content (or Hub reference), not where it lies
+        config_hash=lambda wildcards: digest(PLAN.data[wildcards.dataset]),
+        code_version=CODE_VERSION,
+    log:
+        f"{RUN}/logs/data_{{dataset}}.log",
+    threads: threads_of("data")
+    resources:
+        **resources_of("data"),
+    shell:
+        "{SETDLM} data prepare --dataset {wildcards.dataset} --source {params.source} "
+        "{DATA_DIR_ARG} --out {RUN}/data > {log} 2>&1"
+
+
+rule data_manifest:
+    input:
+        [PLAN.data_manifest(dataset) for dataset in PLAN.data],
+    output:
+        ensure(f"{RUN}/data/manifest.json", non_empty=True),
+    params:
+        config_hash=digest(PLAN.data),
+        code_version=CODE_VERSION,
+    localrule: True
+    shell:
+        "{SETDLM} data manifest {RUN}/data"

@@ -1,0 +1,81 @@
+# Tables and figures, built from the result files (not from MLflow) by `setdlm report`. Each
+# table is its own job over its own tasks' results (rule table_<table>, also the target), so
+# `snakemake table_gsm8k` needs GSM8K only.
+from setdlm.workflow.config import digest
+
+
+def baseline(wildcards):
+    if not PLAN.config["check"]["baseline"]:
+        raise ValueError("check: the configuration sets no check.baseline")
+    return PLAN.config["check"]["baseline"]
+
+
+def not_configured(table):
+    def fail(wildcards):
+        raise ValueError(
+            f"table_{table}: the configuration has no task of this table "
+            f"({', '.join(layout.TABLES[table])})"
+        )
+
+    return fail
+
+
+# table_gsm8k, table_cnndm, table_infill, table_unconditional, table_likelihood
+for _table in layout.TABLES:
+    if _table in PLAN.tables():
+
+        rule:
+            name:
+                f"table_{_table}"
+            input:
+                PLAN.all_metrics(PLAN.tables()[_table]),
+            output:
+                [ensure(path, non_empty=True) for path in PLAN.table_files(_table)],
+            params:
+                table=_table,
+                config_hash=digest([TABLES, PLAN.tables()[_table]]),
+                code_version=CODE_VERSION,
+            log:
+                f"{RUN}/logs/table_{_table}.log",
+            localrule: True
+            shell:
+                "{SETDLM} report tables {RUN} --out {TABLES} --only {params.table} > {log} 2>&1"
+
+    else:
+
+        rule:
+            name:
+                f"table_{_table}"
+            input:
+                not_configured(_table),
+            localrule: True
+
+
+rule figures:
+    input:
+        PLAN.all_metrics(PLAN.figure_tasks()),
+    output:
+        [ensure(path, non_empty=True) for path in PLAN.figure_files()],
+    params:
+        tasks=" ".join(PLAN.figure_tasks()),
+        config_hash=digest([FIGURES, PLAN.figure_tasks()]),
+        code_version=CODE_VERSION,
+    log:
+        f"{RUN}/logs/figures.log",
+    localrule: True
+    shell:
+        "{SETDLM} report figures {RUN} --out {FIGURES} --only {params.tasks} > {log} 2>&1"
+
+
+rule check:
+    input:
+        baseline=baseline,
+        metrics=PLAN.all_metrics(),
+    output:
+        f"{RUN}/check.passed",
+    params:
+        config_hash=digest(PLAN.config["check"]),
+        code_version=CODE_VERSION,
+    localrule: True
+    shell:
+        "{SETDLM} check --baseline {input.baseline} {RUN} && touch {output}"

@@ -1,0 +1,40 @@
+# Models: those with `train:` settings are trained here exactly like the tiny job's families
+# (<run>/models/<name>/ becomes the model folder, checkpoint.json is written last); published
+# ones are fetched into the Hugging Face cache and checked, one marker per domain
+# (<run>/models/<name>/checkpoint-<domain>.json). Both read the resolved <run>/config.yaml.
+
+
+rule train_model:
+    input:
+        PLAN.data_manifest("wikitext2") if PLAN.trained else [],
+    output:
+        ensure(f"{RUN}/models/{{model}}/checkpoint.json", non_empty=True),
+    params:
+        config_hash=lambda wildcards: PLAN.trained[wildcards.model],
+        code_version=CODE_VERSION,
+    log:
+        f"{RUN}/logs/train_{{model}}.log",
+    threads: threads_of("train")
+    resources:
+        **resources_of("train"),
+    shell:
+        "SETDLM_DATA_DIR={RUN}/data {SETDLM} --threads {threads} train "
+        "--config {RUN}/config.yaml --model {wildcards.model} "
+        "--out {RUN}/models/{wildcards.model} > {log} 2>&1"
+
+
+rule fetch_model:
+    output:
+        ensure(f"{RUN}/models/{{model}}/checkpoint-{{domain}}.json", non_empty=True),
+    params:
+        config_hash=lambda wildcards: PLAN.fetched[(wildcards.model, wildcards.domain)],
+        code_version=CODE_VERSION,
+    log:
+        f"{RUN}/logs/fetch_{{model}}_{{domain}}.log",
+    threads: threads_of("fetch")
+    resources:
+        **resources_of("fetch"),
+    shell:
+        "{SETDLM} --threads {threads} train --config {RUN}/config.yaml "
+        "--model {wildcards.model} --domain {wildcards.domain} "
+        "--out {RUN}/models/{wildcards.model} > {log} 2>&1"
