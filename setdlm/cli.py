@@ -105,11 +105,16 @@ def _tiny(args) -> int:
     from dataclasses import replace
 
     from setdlm.tiny import FAMILIES, TinySettings, run_tiny
+    from setdlm.train.preemption import EXIT_PREEMPTED, Preempted
 
     settings = TinySettings()
     if args.steps is not None:
         settings = replace(settings, steps=args.steps)
-    run_tiny(args.out, settings, tuple(args.families or FAMILIES))
+    try:
+        run_tiny(args.out, settings, tuple(args.families or FAMILIES))
+    except Preempted as stop:
+        print(f"setdlm tiny: {stop}", file=sys.stderr, flush=True)
+        return EXIT_PREEMPTED
     return 0
 
 
@@ -225,6 +230,7 @@ PASSTHROUGH = {
     "ui": ("setdlm.tracking:ui_main", "open the MLflow UI on the local store"),
     "report": ("setdlm.report:main", "tables and Pareto figures from the result files"),
     "check": ("setdlm.report:check_main", "compare results with a committed baseline"),
+    "compare": ("setdlm.report.compare:main", "do two runs of one configuration agree exactly"),
 }
 PASSTHROUGH_HELP = {name: help_text for name, (_, help_text) in PASSTHROUGH.items()}
 

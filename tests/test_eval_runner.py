@@ -12,7 +12,7 @@ from setdlm.data.tokenizers import load_tokenizer
 from setdlm.eval.records import SampleLog, example_seed
 from setdlm.eval.runner import Example, RunSettings, Task, run_evaluation
 
-TIMING_FIELDS = {"latency_seconds", "seconds", "warmup", "batch_size", "code_version"}
+TIMING_FIELDS = {"latency_seconds", "seconds", "warmup", "batch_size", "code_version", "job_id"}
 
 
 class Continuation(Task):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,7 @@ from setdlm.train import (
     train,
 )
 from setdlm.train.checkpoint import read_manifest, verify_checkpoint, write_checkpoint
+from setdlm.train.preemption import Preempted
 
 VOCAB = 64
 LENGTH = 12
@@ -47,6 +50,7 @@ class TinyLM(torch.nn.Module):
         self.calls = 0
         self.nan_at_call: int | None = None
         self.crash_at_call: int | None = None
+        self.signal_at_call: tuple[int, int] | None = None  # (call, signal) sent to ourselves
 
     def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.head(self.dropout(self.embed(input_ids)))  # (B, L, V)
@@ -55,6 +59,8 @@ class TinyLM(torch.nn.Module):
         self.calls += 1
         if self.calls == self.crash_at_call:
             raise SimulatedCrash(f"simulated crash in loss call {self.calls}")
+        if self.signal_at_call and self.calls == self.signal_at_call[0]:
+            os.kill(os.getpid(), self.signal_at_call[1])  # delivered as a real signal
         input_ids = batch["input_ids"]  # (B, L)
         logits = self.logits(input_ids[:, :-1])  # (B, L-1, V)
         targets = input_ids[:, 1:]  # (B, L-1)
@@ -149,6 +155,33 @@ def test_interrupted_and_resumed_run_is_bitwise_identical(tmp_path, dataset, gra
         read_log(resumed.losses_path)
     )
     assert [row["step"] for row in read_log(resumed.losses_path)] == list(range(1, 9))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM])
+def test_a_preemption_signal_checkpoints_the_current_step_and_resumes_bitwise(
+    tmp_path, dataset, signum
+):
+    settings = config(grad_accum_steps=2)  # checkpoints every 2 steps
+    reference = tiny_model()
+    train(reference, dataset, settings, tmp_path / "full", progress=False)
+
+    preempted = tiny_model()
+    preempted.signal_at_call = (5, signum)  # in step 3's first micro-batch
+    with pytest.raises(Preempted) as stop:
+        train(preempted, dataset, settings, tmp_path / "preempted", progress=False)
+    assert (stop.value.signal_name, stop.value.step) == (signum.name, 3)
+    assert preempted.calls == 6  # step 3 was finished, nothing after it was started
+    # step 3 is saved although the cadence would have saved only step 2
+    assert latest_checkpoint(tmp_path / "preempted" / "checkpoints").name == "step-00000003"
+    assert signal.getsignal(signum) == signal.SIG_DFL  # the handlers are given back
+
+    fresh = tiny_model(seed=5)
+    train(fresh, dataset, settings, tmp_path / "preempted", progress=False)
+    assert fresh.calls == 2 * 5  # steps 4-8 only
+    assert_same_tensors(reference.state_dict(), fresh.state_dict())
+    assert without_seconds(read_log(tmp_path / "full" / "losses.jsonl")) == without_seconds(
+        read_log(tmp_path / "preempted" / "losses.jsonl")
+    )
 
 
 def test_grad_accumulation_matches_one_big_batch(tmp_path, dataset):

@@ -35,7 +35,7 @@ from setdlm.eval.unconditional import (
 )
 
 FAMILIES = ("ar", "mdlm", "bd3lm", "setdlm")
-TIMING = {"latency_seconds", "seconds", "warmup", "batch_size", "code_version"}
+TIMING = {"latency_seconds", "seconds", "warmup", "batch_size", "code_version", "job_id"}
 # Tiny samples are 63 tokens of a 512-token vocabulary: the paper's thresholds (4 nats, more
 # than 50 tokens, windows of 128) would reject or ignore everything, so they are scaled down.
 TINY_GENERATION = GenerationSettings(

@@ -372,6 +372,58 @@ def test_setdlm_train_trains_exactly_like_the_tiny_job(tmp_path, data_dir, monke
     assert marker["steps"] == 3 and set(marker["files"]) >= {"model.safetensors", "config.json"}
 
 
+def test_a_preempted_setdlm_train_exits_75_and_the_same_command_resumes(
+    tmp_path, data_dir, monkeypatch
+):
+    import threading
+
+    from safetensors.torch import load_file
+
+    from setdlm.train.preemption import EXIT_PREEMPTED
+    from setdlm.workflow.train import main
+
+    monkeypatch.setenv("SETDLM_DATA_DIR", str(data_dir))
+    small = {"steps": 200, "warmup_steps": 1, "hidden_size": 32, "batch_size": 4}
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(copy.deepcopy(MINI) | {"train": small}))
+    out = tmp_path / "models" / "ar"
+    work = tmp_path / "models" / ".training" / "ar"
+    command = ["--config", str(config_path), "--model", "ar", "--out", str(out)]
+
+    def warn_once_training():  # the scheduler's warning, 20 steps in
+        losses = work / "train" / "losses.jsonl"
+        while not (losses.exists() and len(losses.read_text().splitlines()) >= 2):
+            time.sleep(0.002)
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    # A signal arriving after the training would otherwise end pytest itself.
+    previous = signal.signal(signal.SIGUSR1, lambda *_: None)
+    try:
+        threading.Thread(target=warn_once_training, daemon=True).start()
+        assert main(command) == EXIT_PREEMPTED
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert not (out / "checkpoint.json").exists()
+    [attempt] = json.loads((work / "attempts.json").read_text())
+    stopped = attempt["to_step"]
+    assert attempt["stopped_by"] == "SIGUSR1" and attempt["from_step"] == 0
+    assert 20 <= stopped < 200
+
+    assert main(command) == 0  # the same command again: resumes, does not start over
+    marker = json.loads((out / "checkpoint.json").read_text())
+    assert [(a["from_step"], a["to_step"]) for a in marker["attempts"]] == [
+        (0, stopped),
+        (stopped, 200),
+    ]
+    undisturbed = tmp_path / "undisturbed" / "ar"
+    assert main(command[:-1] + [str(undisturbed)]) == 0
+    ours, reference = (
+        load_file(out / "model.safetensors"),
+        load_file(undisturbed / "model.safetensors"),
+    )
+    assert all(ours[name].equal(reference[name]) for name in reference)
+
+
 # --------------------------------------------------------------------- the SLURM dry run
 def test_profile_install_and_paper_dry_run_on_slurm(tmp_path, data_dir):
     from setdlm.workflow.profile import main

@@ -40,11 +40,18 @@ def load_tokenizer(name_or_dir: str | os.PathLike) -> PreTrainedTokenizerBase:
     path = Path(name_or_dir).expanduser()
     if path.is_dir():
         if any((path / name).is_file() for name in _CONFIG_FILES):
-            return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+            # local_files_only, always: transformers records it in the saved config, so a copy
+            # saved online and one saved offline would otherwise differ
+            return AutoTokenizer.from_pretrained(
+                path, trust_remote_code=False, local_files_only=True
+            )
         for files, tokenizer_type in _RAW_VOCAB_TYPES:
             if all((path / name).is_file() for name in files):
                 return AutoTokenizer.from_pretrained(
-                    path, tokenizer_type=tokenizer_type, trust_remote_code=False
+                    path,
+                    tokenizer_type=tokenizer_type,
+                    trust_remote_code=False,
+                    local_files_only=True,
                 )
         raise FileNotFoundError(
             f"tokenizer folder {path} holds none of {list(_CONFIG_FILES)}, "

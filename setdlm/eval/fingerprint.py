@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from setdlm.scheduler import current_job, current_job_id
+
 PACKAGES = (
     "setdlm",
     "torch",
@@ -85,3 +87,23 @@ def code_version() -> str:
         return commit + ("-dirty" if dirty.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return importlib.metadata.version("setdlm")
+
+
+def sample_provenance() -> dict:
+    """Stamped on every sample line: the code that computed it and the scheduler job that ran
+    it (None outside SLURM), so a resumed run shows which job wrote which sample."""
+    return {"code_version": code_version(), "job_id": current_job_id()}
+
+
+def run_provenance(records: list[dict]) -> dict:
+    """For metrics.json: the code versions and scheduler jobs behind ``records``, and the job
+    writing the metrics."""
+    return {
+        "code_versions": sorted({r["code_version"] for r in records}),
+        "jobs": sorted({r["job_id"] for r in records if r.get("job_id")}, key=_job_order),
+        "scheduler": current_job(),
+    }
+
+
+def _job_order(job_id: str) -> tuple[int, str]:
+    return (int(job_id), "") if job_id.isdigit() else (0, job_id)

@@ -54,6 +54,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from setdlm.core.decoding import DecodeConfig
 from setdlm.data.tokenizers import load_tokenizer
 from setdlm.eval import gsm8k
+from setdlm.eval.fingerprint import sample_provenance
 from setdlm.eval.records import SampleLog, example_seed
 from setdlm.eval.timing import decoding_fields, summarize_speed, synchronized_timer
 from setdlm.files import atomic_write_json
@@ -262,6 +263,7 @@ class SetDLMHarnessLM(LM):
                 **decoding_fields(output, row, elapsed["seconds"], len(batch)),
                 "warmup": len(self.generation_records) < self.warmup,
                 "seed": job.seed,
+                **sample_provenance(),
             }
             self.generation_records.append(record)
             if self.log_dir is not None:

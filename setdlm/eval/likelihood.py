@@ -19,7 +19,7 @@ import torch
 from setdlm.data.jsonl import read_jsonl
 from setdlm.data.loader import collate
 from setdlm.data.text import ChunkedLMDataset, load_wikitext2
-from setdlm.eval.fingerprint import code_version, hardware, software_versions
+from setdlm.eval.fingerprint import hardware, run_provenance, sample_provenance, software_versions
 from setdlm.eval.records import SampleLog, config_hash, example_seed
 from setdlm.files import atomic_write_json
 from setdlm.likelihood import sequence_terms, summarize
@@ -115,7 +115,7 @@ def run_likelihood(
         generator = torch.Generator().manual_seed(example_seed(seed, batch_ids[0]))
         terms = sequence_terms(model, batch, generator, num_samples, tokenizer)
         for example_id, term in zip(batch_ids, terms, strict=True):
-            log.append({"id": example_id, **term, "code_version": code_version()})
+            log.append({"id": example_id, **term, **sample_provenance()})
     records = log.load()
     result = summarize([records[i] for i in ids], model.config.family, num_samples)
     metrics = {
@@ -124,7 +124,7 @@ def run_likelihood(
         "quality": quality_metrics(result),
         "config": identity,
         "config_hash": digest,
-        "code_versions": sorted({records[i]["code_version"] for i in ids}),
+        **run_provenance([records[i] for i in ids]),
         "hardware": hardware(model.device),
         "software": software_versions(),
     }

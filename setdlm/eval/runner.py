@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from setdlm.core.decoding import DecodeConfig
-from setdlm.eval.fingerprint import code_version, hardware, software_versions
+from setdlm.eval.fingerprint import hardware, run_provenance, sample_provenance, software_versions
 from setdlm.eval.records import SampleLog, config_hash, example_seed
 from setdlm.eval.timing import (
     decoding_fields,
@@ -132,7 +132,7 @@ def run_evaluation(
                     "scores": task.score(example, text),
                     **decoding_fields(output, row, elapsed["seconds"], len(batch)),
                     "warmup": warmup,
-                    "code_version": code_version(),
+                    **sample_provenance(),
                 }
             )
     return finish_run(task, examples, log, out_dir, identity, digest, settings, device)
@@ -156,7 +156,7 @@ def finish_run(
         "config_hash": digest,
         **(extra or {}),
         "run": dataclasses.asdict(settings),
-        "code_versions": sorted({r["code_version"] for r in ordered}),
+        **run_provenance(ordered),
         "hardware": hardware(device),
         "software": software_versions(),
     }

@@ -36,7 +36,7 @@ import torch
 
 from setdlm.core.decoding import DecodeConfig
 from setdlm.core.family import FAMILIES
-from setdlm.eval.fingerprint import code_version
+from setdlm.eval.fingerprint import sample_provenance
 from setdlm.eval.gen_ppl import (
     DEFAULT_EVALUATOR,
     CausalScorer,
@@ -381,7 +381,7 @@ def _record(task, example, attempts: list[dict], tokenizer, batch_size: int, war
         "seconds": sum(a["seconds"] for a in attempts),
         "batch_size": batch_size,
         "warmup": warmup,
-        "code_version": code_version(),
+        **sample_provenance(),
         "attempts": [{k: v for k, v in a.items() if k != "output_ids"} for a in attempts],
     }
 

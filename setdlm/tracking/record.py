@@ -196,6 +196,9 @@ def _tags(point: ResultPoint) -> dict:
     if versions:
         # The tag MLflow's UI shows as the run's source commit.
         tags["mlflow.source.git.commit"] = versions[-1]
+    if metrics.get("jobs"):
+        # The SLURM jobs that computed the samples (more than one after a resumed attempt).
+        tags["setdlm.slurm_jobs"] = ",".join(metrics["jobs"])
     if "samples_config_hash" in metrics:
         tags["setdlm.samples_config_hash"] = metrics["samples_config_hash"]
     tags |= _section("hardware", metrics.get("hardware") or {})

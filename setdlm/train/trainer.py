@@ -9,7 +9,8 @@ where ``batch`` holds ``input_ids`` (B, L), ``attention_mask`` (B, L) and option
 device) supplies all of the loss's randomness; dropout draws from torch's global RNG. The
 trainer owns both, and the data order, so that a run interrupted after any checkpoint and
 resumed ends with bitwise the same weights as an uninterrupted one (on the same hardware and
-thread count).
+thread count). A preemption signal (SIGUSR1, SIGTERM; see ``preemption``) ends the run after
+the step under way with a checkpoint of that step, so a preempted job loses no work.
 
 Devices and processes come from ``accelerate``: one CPU process, one GPU, or DDP under
 ``accelerate launch``; bf16 autocast on GPU when the config asks for it.
@@ -34,6 +35,7 @@ from setdlm.core.outputs import LossOutput
 from setdlm.files import atomic_write_json, atomic_write_text
 from setdlm.train.checkpoint import latest_checkpoint
 from setdlm.train.config import TrainConfig
+from setdlm.train.preemption import Preempted, watch_preemption
 from setdlm.train.run import TrainingRun
 
 LOSSES_NAME = "losses.jsonl"
@@ -111,47 +113,65 @@ def train(
         disable=not (progress and accelerator.is_main_process and sys.stderr.isatty()),
     )
     started = time.perf_counter() - counters.seconds
-    try:
-        while counters.step < config.max_steps:
-            lr = run.scheduler.get_last_lr()[0]
-            losses, tokens = _accumulate_gradients(run, loss_module)  # (P, A), int
-            grad_norm = float(
-                accelerator.clip_grad_norm_(model.parameters(), config.clip_norm or math.inf)
-            )
-            _check_finite(losses, grad_norm, counters.step + 1, checkpoints_dir)
-            run.optimizer.step()
-            run.scheduler.step()
-            run.optimizer.zero_grad(set_to_none=True)
-            if run.ema is not None:
-                run.ema.update(model)
+    with watch_preemption() as preemption:
+        try:
+            while counters.step < config.max_steps:
+                lr = run.scheduler.get_last_lr()[0]
+                losses, tokens = _accumulate_gradients(run, loss_module)  # (P, A), int
+                grad_norm = float(
+                    accelerator.clip_grad_norm_(model.parameters(), config.clip_norm or math.inf)
+                )
+                _check_finite(losses, grad_norm, counters.step + 1, checkpoints_dir)
+                run.optimizer.step()
+                run.scheduler.step()
+                run.optimizer.zero_grad(set_to_none=True)
+                if run.ema is not None:
+                    run.ema.update(model)
 
-            counters.step += 1
-            counters.tokens += tokens
-            counters.seconds = time.perf_counter() - started
-            counters.loss = float(losses.mean())
-            bar.update(1)
-            is_last = counters.step == config.max_steps
-            if accelerator.is_main_process and (counters.step % config.log_every == 0 or is_last):
-                record = {
-                    "step": counters.step,
-                    "loss": counters.loss,
-                    "lr": lr,
-                    "grad_norm": grad_norm,
-                    "tokens": counters.tokens,
-                    "seconds": round(counters.seconds, 3),
-                }
-                _append_line(losses_path, record)
-                bar.set_postfix(loss=f"{counters.loss:.4f}", lr=f"{lr:.2e}")
-            if counters.step % config.checkpoint_every == 0 or is_last:
-                run.save(checkpoints_dir)
-    finally:
-        bar.close()
+                counters.step += 1
+                counters.tokens += tokens
+                counters.seconds = time.perf_counter() - started
+                counters.loss = float(losses.mean())
+                bar.update(1)
+                is_last = counters.step == config.max_steps
+                if accelerator.is_main_process and (
+                    counters.step % config.log_every == 0 or is_last
+                ):
+                    record = {
+                        "step": counters.step,
+                        "loss": counters.loss,
+                        "lr": lr,
+                        "grad_norm": grad_norm,
+                        "tokens": counters.tokens,
+                        "seconds": round(counters.seconds, 3),
+                    }
+                    _append_line(losses_path, record)
+                    bar.set_postfix(loss=f"{counters.loss:.4f}", lr=f"{lr:.2e}")
+                stop = _preempted_anywhere(accelerator, preemption.raised)
+                if counters.step % config.checkpoint_every == 0 or is_last or stop:
+                    run.save(checkpoints_dir)
+                if stop and not is_last:
+                    raise Preempted(
+                        preemption.signal_name or "another process's preemption signal",
+                        counters.step,
+                        str(latest_checkpoint(checkpoints_dir)),
+                    )
+        finally:
+            bar.close()
     return TrainResult(
         final_step=counters.step,
         final_loss=counters.loss,
         losses_path=losses_path,
         checkpoint_path=latest_checkpoint(checkpoints_dir),
     )
+
+
+def _preempted_anywhere(accelerator: Accelerator, raised: bool) -> bool:
+    """Whether any process got a preemption signal: all of them must stop at the same step."""
+    if accelerator.num_processes == 1:
+        return raised
+    flag = torch.tensor([float(raised)], device=accelerator.device)
+    return bool(accelerator.reduce(flag, reduction="sum").item() > 0)
 
 
 def _accumulate_gradients(

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from setdlm.files import atomic_write_json, atomic_write_text, fsync_dir, sha256_file
+from setdlm.scheduler import current_job
 
 MANIFEST = "manifest.json"
 
@@ -144,7 +145,7 @@ def prepare(name: str, kind: str, out: Path, data_dir: Path | None, log=print) -
             f"{origin['path']}: sha256 {entry['sha256']} differs from {expected} listed in "
             f"{data_dir / 'SHA256SUMS'}"
         )
-    part = {"dataset": name, "files": [entry]}
+    part = {"dataset": name, "files": [entry], "job": current_job()}
     atomic_write_json(folder / MANIFEST, part)
     log(f"{name}: {entry['path']} ({entry['rows']} rows, sha256 {entry['sha256'][:12]}...)")
     return part

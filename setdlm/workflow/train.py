@@ -11,7 +11,9 @@ the same BPE, model config, initial weights and TrainConfig) on WikiText-2 read 
 files) and ``OUT/checkpoint.json``, written last, records the settings and every file's sha256.
 Training state (checkpoints, losses) lives in ``--work`` (default ``<OUT's parent>/.training/
 <name>``): a killed training resumes from its last checkpoint, while other settings, data or
-code start it over.
+code start it over. SIGUSR1 or SIGTERM (a scheduler's preemption or time-limit warning) stops
+it after the current step with a checkpoint of that step and exit status 75; the same command
+then resumes from there.
 
 A model with ``checkpoint:`` keys is fetched: the published checkpoint of each domain is loaded
 once (config, weights and tokenizer are downloaded into the Hugging Face cache and checked in
@@ -24,10 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
 from setdlm.files import atomic_write_json, sha256_file
+from setdlm.scheduler import current_job
+from setdlm.train.preemption import EXIT_PREEMPTED, Preempted
 from setdlm.workflow.config import WORKFLOW_DIR, load, train_settings
 from setdlm.workflow.plan import code_version
 
@@ -54,7 +59,11 @@ def main(argv: list[str]) -> int:
         if args.domain:
             parser.error(f"--domain: {args.model} is trained here, not a published checkpoint")
         work = args.work or args.out.parent / ".training" / args.model
-        train_model(args.model, config, args.out, work)
+        try:
+            train_model(args.model, config, args.out, work)
+        except Preempted as stop:
+            print(f"setdlm train: {stop}", file=sys.stderr, flush=True)
+            return EXIT_PREEMPTED
         return 0
     domains = [args.domain] if args.domain else list(entry["checkpoint"])
     for domain in domains:
@@ -97,7 +106,14 @@ def train_model(name: str, config: dict, out: Path, work: Path, log=print) -> di
     model = build_tiny_model(family, tokenizer, settings)
     started = time.perf_counter()
     train_set = ChunkedLMDataset(texts.train, tokenizer, settings.length)
-    result = train(model, train_set, tiny_train_config(settings), work / "train")
+    checkpoints = work / "train" / "checkpoints"
+    attempt = {"job": current_job(), "from_step": _checkpoint_step(latest_checkpoint(checkpoints))}
+    try:
+        result = train(model, train_set, tiny_train_config(settings), work / "train")
+    except Preempted as stop:
+        _record_attempt(work, attempt | {"to_step": stop.step, "stopped_by": stop.signal_name})
+        raise
+    attempts = _record_attempt(work, attempt | {"to_step": result.final_step, "stopped_by": None})
     load_weights(model, latest_checkpoint(work / "train" / "checkpoints"), use_ema=True)
     save_model(model, out)
     tokenizer.save_pretrained(out)  # a model folder is self-contained
@@ -111,14 +127,31 @@ def train_model(name: str, config: dict, out: Path, work: Path, log=print) -> di
         "first_logged_loss": losses[0]["loss"],
         "last_logged_loss": losses[-1]["loss"],
         "files": _file_hashes(out),
+        "job": current_job(),
+        # every run of this command on this training: which job took it from which step to which
+        "attempts": attempts,
     }
     atomic_write_json(out / TRAINED_MARKER, marker)
     log(f"[{name}] {result.final_step} steps, last loss {losses[-1]['loss']:.3f} -> {out}")
     return marker
 
 
+def _checkpoint_step(checkpoint: Path | None) -> int:
+    return 0 if checkpoint is None else int(checkpoint.name.removeprefix("step-"))
+
+
+def _record_attempt(work: Path, attempt: dict) -> list[dict]:
+    """Append ``attempt`` to ``work/attempts.json``; return every attempt so far."""
+    path = work / "attempts.json"
+    attempts = json.loads(path.read_text()) if path.exists() else []
+    attempts.append(attempt)
+    atomic_write_json(path, attempts)
+    return attempts
+
+
 def _start_over_unless_same(work: Path, identity: dict, log) -> None:
     """Keep a killed training's checkpoints only if they belong to the same settings."""
+    identity = json.loads(json.dumps(identity))  # as read back: tuples become lists
     stamp = work / "settings.json"
     if stamp.exists() and json.loads(stamp.read_text()) != identity:
         log(f"{work}: other settings, data or code than the last training; starting over")
@@ -149,6 +182,7 @@ def fetch_checkpoint(name: str, entry: dict, domain: str, out: Path, log=print) 
         "length": loaded.model.config.length,
         "tokenizer": tokenizer.name_or_path,
         "files": _file_hashes(snapshot),
+        "job": current_job(),
     }
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / f"checkpoint-{domain}.json", marker)

@@ -17,8 +17,11 @@ rule train_model:
     threads: threads_of("train")
     resources:
         **resources_of("train"),
+    # exec: the trainer replaces the job's shell, so a scheduler's SIGTERM or SIGUSR1 (time
+    # limit, preemption) reaches it with no shell that dies first; it saves a checkpoint and
+    # exits 75, and the retry resumes (setdlm/train/preemption.py).
     shell:
-        "SETDLM_DATA_DIR={RUN}/data {SETDLM} --threads {threads} train "
+        "exec env SETDLM_DATA_DIR={RUN}/data {SETDLM} --threads {threads} train "
         "--config {RUN}/config.yaml --model {wildcards.model} "
         "--out {RUN}/models/{wildcards.model} > {log} 2>&1"
 

@@ -1,0 +1,124 @@
+"""``setdlm compare``: do two runs of one configuration hold the same results?
+
+    setdlm compare results/runs/tiny results/slurm/results/runs/tiny
+
+Deterministic CPU runs of the same configuration and code (the same machine kind and thread
+counts, the same relative paths: run them from two working directories) must agree exactly
+wherever they ran: on a laptop, through the local executor, or as SLURM jobs. This checks that
+they hold the same result points with the same configuration hashes, that every sample line
+agrees field by field once what describes the run rather than the result is set aside
+(timings, warm-up flags, batch size, code version, scheduler job), that the quality metrics
+agree, and that the trained models have the same files (sha256). It prints one line per
+difference and exits 1 on any; speed is never compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from setdlm.tracking.results import MODELS_FOLDER as MODELS
+from setdlm.tracking.results import TRAINED_MARKER
+
+# Sample fields that describe how a run went, not what it computed.
+RUN_FIELDS = frozenset(
+    {"seconds", "latency_seconds", "warmup", "batch_size", "code_version", "job_id"}
+)
+
+
+def result_folders(run: Path) -> dict[str, Path]:
+    """``task/model/point`` -> folder, for every finished result under ``run``."""
+    return {
+        metrics.parent.relative_to(run).as_posix(): metrics.parent
+        for metrics in sorted(run.glob("*/*/*/metrics.json"))
+        if metrics.parent.relative_to(run).parts[0] != MODELS
+    }
+
+
+def without_run_fields(value):
+    if isinstance(value, dict):
+        return {k: without_run_fields(v) for k, v in value.items() if k not in RUN_FIELDS}
+    if isinstance(value, list):
+        return [without_run_fields(v) for v in value]
+    return value
+
+
+def _samples(folder: Path) -> dict:
+    lines = (folder / "samples.jsonl").read_text(encoding="utf-8").splitlines()
+    records = [json.loads(line) for line in lines if line.strip()]
+    return {record["id"]: without_run_fields(record) for record in records}
+
+
+def compare_points(name: str, left: Path, right: Path) -> list[str]:
+    differences = []
+    left_metrics = json.loads((left / "metrics.json").read_text())
+    right_metrics = json.loads((right / "metrics.json").read_text())
+    for section in ("config_hash", "examples", "quality"):
+        if left_metrics.get(section) != right_metrics.get(section):
+            differences.append(
+                f"{name}: metrics.json {section} differs: {left_metrics.get(section)} vs "
+                f"{right_metrics.get(section)}"
+            )
+    left_samples, right_samples = _samples(left), _samples(right)
+    if left_samples.keys() != right_samples.keys():
+        only = sorted(set(left_samples) ^ set(right_samples), key=str)
+        differences.append(f"{name}: the samples differ in their ids, e.g. {only[:3]}")
+    for example in sorted(left_samples.keys() & right_samples.keys(), key=str):
+        a, b = left_samples[example], right_samples[example]
+        if a != b:
+            fields = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+            differences.append(f"{name}: sample {example!r} differs in {fields}")
+    return differences
+
+
+def compare_models(left: Path, right: Path) -> list[str]:
+    differences = []
+    markers = {
+        path.parent.name: path for path in sorted((left / MODELS).glob(f"*/{TRAINED_MARKER}"))
+    }
+    for model, path in markers.items():
+        other = right / MODELS / model / TRAINED_MARKER
+        if not other.is_file():
+            differences.append(f"models/{model}: trained in {left} only")
+            continue
+        files, other_files = (json.loads(p.read_text())["files"] for p in (path, other))
+        if files != other_files:
+            changed = sorted(
+                f for f in files.keys() | other_files.keys() if files.get(f) != other_files.get(f)
+            )
+            differences.append(f"models/{model}: files differ: {changed}")
+    return differences
+
+
+def compare_runs(left: Path, right: Path) -> tuple[int, list[str]]:
+    """(points compared, differences)."""
+    left_points, right_points = result_folders(left), result_folders(right)
+    differences = [
+        f"{name}: only in {left if name in left_points else right}"
+        for name in sorted(left_points.keys() ^ right_points.keys())
+    ]
+    for name in sorted(left_points.keys() & right_points.keys()):
+        differences += compare_points(name, left_points[name], right_points[name])
+    differences += compare_models(left, right)
+    return len(left_points.keys() & right_points.keys()), differences
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="setdlm compare", description=__doc__.split("\n\n")[0])
+    parser.add_argument("left", type=Path, help="a run folder (<results>/runs/<name>)")
+    parser.add_argument("right", type=Path, help="another run folder of the same configuration")
+    args = parser.parse_args(argv)
+    for run in (args.left, args.right):
+        if not run.is_dir():
+            parser.error(f"{run}: not a folder")
+    compared, differences = compare_runs(args.left, args.right)
+    for difference in differences:
+        print(difference)
+    if not compared:
+        print(f"no result point is in both {args.left} and {args.right}", file=sys.stderr)
+        return 1
+    verdict = f"{len(differences)} difference(s)" if differences else "identical results"
+    print(f"{compared} result points compared: {verdict}")
+    return 1 if differences else 0
