@@ -1,0 +1,130 @@
+"""Checks on the tiny all_tables run through the local SLURM cluster (called by .ci/slurm-stage).
+
+    python .ci/check_slurm_run.py --slurm-run results/slurm/results/runs/tiny \
+        --local-run results/runs/tiny --jobs 36 \
+        --tracking-uri sqlite:///results/slurm/results/mlflow.db
+
+1. Every job of a rule that is not local ran as a SLURM job: each data part, trained model and
+   evaluation (and each of its samples) records a job id, the ids are distinct, there are as
+   many as such jobs, and SLURM's own history (squeue, else sacct) knows every one of them.
+2. The results equal the local-executor run of the same configuration (setdlm compare).
+3. MLflow holds exactly one run per result, tagged with its SLURM jobs.
+Prints what it checked; exits 1 on the first failed group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from setdlm.report.compare import compare_runs, result_folders
+from setdlm.tracking.record import IDENTITY_TAG
+
+
+def fail(message: str) -> None:
+    print(f"FAIL: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def recorded_jobs(run: Path) -> dict[str, str]:
+    """What each non-local job wrote -> the SLURM job id it recorded."""
+    jobs = {}
+    for part in sorted(run.glob("data/*/manifest.json")):
+        jobs[f"prepare_data {part.parent.name}"] = json.loads(part.read_text()).get("job") or {}
+    for marker in sorted(run.glob("models/*/checkpoint.json")):
+        jobs[f"train_model {marker.parent.name}"] = json.loads(marker.read_text()).get("job") or {}
+    for name, folder in result_folders(run).items():
+        metrics = json.loads((folder / "metrics.json").read_text())
+        jobs[f"evaluate {name}"] = metrics.get("scheduler") or {}
+        lines = (folder / "samples.jsonl").read_text().splitlines()
+        unmarked = [json.loads(line)["id"] for line in lines if not json.loads(line).get("job_id")]
+        if unmarked:
+            fail(f"{folder}/samples.jsonl: samples {unmarked[:3]} record no SLURM job")
+        if not metrics.get("jobs"):
+            fail(f"{folder}/metrics.json lists no SLURM jobs")
+    missing = sorted(name for name, job in jobs.items() if not job.get("job_id"))
+    if missing:
+        fail(f"no SLURM job recorded by: {missing}")
+    return {name: job["job_id"] for name, job in jobs.items()}
+
+
+def slurm_history() -> set[str]:
+    """Job ids SLURM still knows: squeue keeps finished jobs for MinJobAge; sacct, where an
+    accounting database exists, keeps them all."""
+    known = set()
+    for command in (
+        ["squeue", "--states=all", "-h", "-o", "%i"],
+        ["sacct", "-n", "-X", "-P", "-o", "JobID", "-S", "now-1days"],
+    ):
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if done.returncode == 0:
+            known |= {line.strip() for line in done.stdout.splitlines() if line.strip()}
+    return known
+
+
+def check_jobs(run: Path, expected_jobs: int) -> None:
+    jobs = recorded_jobs(run)
+    ids = list(jobs.values())
+    if len(jobs) != expected_jobs:
+        fail(f"{len(jobs)} outputs of non-local jobs found, the DAG has {expected_jobs}")
+    if len(set(ids)) != len(ids):
+        fail(f"two outputs record the same SLURM job: {sorted(ids)}")
+    unknown = sorted(set(ids) - slurm_history(), key=int)
+    if unknown:
+        fail(f"SLURM's history (squeue/sacct) does not know jobs {unknown}")
+    print(
+        f"ok: {len(ids)} non-local jobs ran as SLURM jobs {min(ids, key=int)}..{max(ids, key=int)}"
+    )
+
+
+def check_equal(slurm_run: Path, local_run: Path) -> None:
+    compared, differences = compare_runs(local_run, slurm_run)
+    for difference in differences[:20]:
+        print(f"  {difference}", file=sys.stderr)
+    if differences or not compared:
+        fail(f"the SLURM run differs from the local run in {len(differences)} place(s)")
+    print(f"ok: {compared} result points and the trained models equal the local-executor run")
+
+
+def check_mlflow(run: Path, tracking_uri: str) -> None:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    experiments = client.search_experiments()
+    runs = [r for e in experiments for r in client.search_runs([e.experiment_id], max_results=5000)]
+    by_identity: dict[str, list] = {}
+    for mlflow_run in runs:
+        by_identity.setdefault(mlflow_run.data.tags.get(IDENTITY_TAG), []).append(mlflow_run)
+    results = result_folders(run)
+    for name, folder in results.items():
+        config_hash = json.loads((folder / "metrics.json").read_text())["config_hash"]
+        matching = by_identity.get(config_hash, [])
+        if len(matching) != 1:
+            fail(f"{name}: {len(matching)} MLflow runs with {IDENTITY_TAG}={config_hash}")
+        if not matching[0].data.tags.get("setdlm.slurm_jobs"):
+            fail(f"{name}: its MLflow run has no setdlm.slurm_jobs tag")
+    if len(runs) != len(results):
+        fail(f"MLflow holds {len(runs)} runs for {len(results)} results")
+    print(f"ok: MLflow ({tracking_uri}) holds exactly one run per result ({len(runs)})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--slurm-run", type=Path, required=True)
+    parser.add_argument("--local-run", type=Path, required=True)
+    parser.add_argument("--tracking-uri", required=True)
+    parser.add_argument("--jobs", type=int, required=True, help="non-local jobs in the DAG")
+    args = parser.parse_args()
+    check_jobs(args.slurm_run, args.jobs)
+    check_equal(args.slurm_run, args.local_run)
+    check_mlflow(args.slurm_run, args.tracking_uri)
+
+
+if __name__ == "__main__":
+    main()

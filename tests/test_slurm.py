@@ -1,0 +1,261 @@
+"""The workflow's failure paths through a real SLURM cluster (marker ``slurm``).
+
+They need a cluster that answers ``sinfo``: .ci/run starts a single-node one with
+../shared/tools/local-slurm/local-slurm.sh (fake GPUs, no accounting database) before the
+suite; elsewhere these tests skip, saying so. The tiny all_tables through SLURM, its no-op
+rerun and its equality with the local-executor run are checked by .ci/slurm-stage.
+
+One workflow run (a tiny AR trained here, then GSM8K on 400 questions) meets three
+faults: the training job gets the preemption warning SIGUSR1 (``scancel --signal=USR1``, what
+``sbatch --signal=USR1@<s>`` sends), its retry gets SIGTERM (what SLURM sends at the time limit
+and on preemption), and the evaluation job is cancelled in the middle (``scancel``).
+Snakemake's retries resubmit each with more memory and time; the training resumes from the
+checkpoint it wrote on each signal, the evaluation from the samples it had written, and the
+results equal those of an undisturbed local-executor run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+EXAMPLES = 400
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def _cluster_or_skip() -> None:
+    if shutil.which("sinfo") is None:
+        pytest.skip("no SLURM here (sinfo not found); .ci/run starts a local cluster")
+    answer = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, timeout=30)
+    if answer.returncode != 0:
+        pytest.skip(
+            "no SLURM cluster answers (sinfo failed); start one with "
+            "../shared/tools/local-slurm/local-slurm.sh up (as .ci/run does)"
+        )
+
+
+def _environ(data_dir: Path, xdg: Path) -> dict:
+    env = dict(os.environ)
+    env.update(
+        SETDLM_DATA_DIR=str(data_dir),
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        SETDLM_CODE_VERSION="test-suite",
+        XDG_CONFIG_HOME=str(xdg),
+    )
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return env
+
+
+CONFIG = {
+    "name": "faults",
+    "data": {"sources": {"gsm8k": "dir", "wikitext2": "dir"}},
+    "train": {"steps": 150, "warmup_steps": 15},
+    "models": {"ar": {"family": "ar", "train": {}}},
+    "tasks": {"gsm8k": {"models": ["ar"], "limit": EXAMPLES, "max_new_tokens": 24}},
+    "resources": {"default": {"cpus": 1, "mem_mb": 700, "runtime": 7, "gpus": 0}},
+}
+
+
+def _snakemake(work: Path, config: Path, *extra: str) -> list[str]:
+    return [
+        str(BIN / "snakemake"),
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(work),
+        *extra,
+        "all_evaluations",  # before the options that take several values
+        "--configfile",
+        str(config),
+        "--config",
+        "results=out",
+    ]
+
+
+def _jobs(ids: list[str]) -> dict[str, dict]:
+    """SLURM's view of ``ids``: comment (the rule), state, memory (MB) and time limit (min)."""
+    listing = subprocess.run(
+        ["squeue", "--states=all", "-h", "-j", ",".join(ids), "-o", "%i|%k|%T|%m|%l"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    jobs = {}
+    for line in listing.splitlines():
+        job_id, comment, state, memory, limit = line.split("|")
+        minutes, _ = limit.split(":")  # "14:00"
+        jobs[job_id] = {
+            "rule": comment,
+            "state": state,
+            "mem_mb": int(memory.rstrip("M")),
+            "minutes": int(minutes),
+        }
+    return jobs
+
+
+def _running_job(driver_log: Path, rule: str) -> str | None:
+    submitted = re.findall(r"submitted with SLURM jobid (\d+)", driver_log.read_text())
+    if not submitted:
+        return None
+    for job_id, job in _jobs(submitted).items():
+        if job["rule"].startswith(f"rule_{rule}") and job["state"] == "RUNNING":
+            return job_id
+    return None
+
+
+def _lines(path: Path) -> list[str]:
+    """The complete lines of ``path`` (a line being written has no newline yet)."""
+    text = path.read_text() if path.exists() else ""
+    return text[: text.rfind("\n") + 1].splitlines()
+
+
+def _wait(what: str, condition, driver: subprocess.Popen, log: Path, seconds: float = 240):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        if driver.poll() is not None:
+            pytest.fail(f"snakemake ended while waiting for {what}:\n{log.read_text()[-3000:]}")
+        time.sleep(0.1)
+    pytest.fail(f"timed out waiting for {what}:\n{log.read_text()[-3000:]}")
+
+
+def test_a_preempted_training_and_a_cancelled_evaluation_are_retried_and_resume(tmp_path, data_dir):
+    _cluster_or_skip()
+    env = _environ(data_dir, tmp_path / "xdg")
+    subprocess.run(
+        [str(BIN / "setdlm"), "profile", "install", "slurm"], env=env, check=True, timeout=60
+    )
+    config = tmp_path / "faults.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    work = tmp_path / "slurm"
+    run = work / "out" / "runs" / "faults"
+    losses = run / "models" / ".training" / "ar" / "train" / "losses.jsonl"
+    samples = run / "gsm8k" / "ar" / "tau-1e+06" / "samples.jsonl"
+    log = tmp_path / "driver.log"
+    command = ["timeout", "-s", "INT", "-k", "30", "480"] + _snakemake(
+        work, config, "--profile", "slurm", "--profile", str(REPO / ".ci" / "slurm")
+    )
+    # The same configuration, undisturbed, through the local executor, meanwhile (one thread
+    # per job either way, so the results do not depend on the load).
+    local = tmp_path / "local"
+    local_log = tmp_path / "local.log"
+    with open(local_log, "w") as output:
+        undisturbed = subprocess.Popen(
+            _snakemake(local, config, "--profile", str(REPO / "workflows" / "profiles" / "local")),
+            cwd=REPO,
+            env=env,
+            stdout=output,
+            stderr=output,
+        )
+    with open(log, "w") as output:
+        driver = subprocess.Popen(command, cwd=REPO, env=env, stdout=output, stderr=output)
+    try:
+        # The training, 20 of its 150 steps done: SIGUSR1, what `--signal=USR1@<s>` sends.
+        train_job = _wait(
+            "the training to log step 20",
+            lambda: len(_lines(losses)) >= 2 and _running_job(log, "train_model"),
+            driver,
+            log,
+        )
+        subprocess.run(["scancel", "--signal=USR1", train_job], check=True, timeout=30)
+        # Its retry, 40 steps further: SIGTERM, what SLURM sends at the time limit or on
+        # preemption (and the profile's `--signal=TERM@120` warning).
+        retry_job = _wait(
+            "the retried training to log 40 more steps",
+            lambda: (
+                (job := _running_job(log, "train_model")) not in (None, train_job)
+                and len(_lines(losses)) >= 6
+                and job
+            ),
+            driver,
+            log,
+        )
+        subprocess.run(["scancel", "--signal=TERM", retry_job], check=True, timeout=30)
+        # The evaluation, a few answers written: cancelled outright.
+        eval_job = _wait(
+            "the evaluation to write 5 samples",
+            lambda: len(_lines(samples)) >= 5 and _running_job(log, "evaluate"),
+            driver,
+            log,
+        )
+        subprocess.run(["scancel", eval_job], check=True, timeout=30)
+        written_before = _lines(samples)
+        assert len(written_before) < EXAMPLES, "the evaluation finished before it was cancelled"
+        returncode = driver.wait(timeout=480)
+    finally:
+        for process in (driver, undisturbed):
+            if process.poll() is None:
+                process.send_signal(2)  # SIGINT: snakemake cancels its SLURM jobs and stops
+                process.wait(timeout=120)
+    assert returncode == 0, log.read_text()[-4000:]
+
+    submitted = re.findall(r"submitted with SLURM jobid (\d+)", log.read_text())
+    jobs = _jobs(submitted)
+    trains = [i for i in submitted if jobs[i]["rule"].startswith("rule_train_model")]
+    evals = [i for i in submitted if jobs[i]["rule"].startswith("rule_evaluate")]
+    assert trains[:2] == [train_job, retry_job] and evals[0] == eval_job
+    # Each failed attempt was retried, asking for 2x, then 3x the memory and time.
+    assert [jobs[i]["state"] for i in trains] == ["FAILED", "FAILED", "COMPLETED"]
+    assert [jobs[i]["state"] for i in evals] == ["CANCELLED", "COMPLETED"]
+    assert [(jobs[i]["mem_mb"], jobs[i]["minutes"]) for i in trains] == [
+        (700, 7),
+        (1400, 14),
+        (2100, 21),
+    ]
+    assert [(jobs[i]["mem_mb"], jobs[i]["minutes"]) for i in evals] == [(700, 7), (1400, 14)]
+
+    # Each signal stopped the training with a checkpoint, and each retry went on from it.
+    marker = json.loads((run / "models" / "ar" / "checkpoint.json").read_text())
+    attempts = [
+        (a["job"]["job_id"], a["from_step"], a["to_step"], a["stopped_by"])
+        for a in marker["attempts"]
+    ]
+    first, second = attempts[0][2], attempts[1][2]
+    assert attempts == [
+        (trains[0], 0, first, "SIGUSR1"),
+        (trains[1], first, second, "SIGTERM"),
+        (trains[2], second, 150, None),
+    ]
+    assert 20 <= first < second < 150
+    assert marker["job"]["job_id"] == trains[2]
+
+    # The evaluation kept what the cancelled job had written, byte for byte (timings included,
+    # so nothing was recomputed), and the retry wrote only the rest.
+    written = _lines(samples)
+    assert written[: len(written_before)] == written_before
+    assert len(written) == EXAMPLES
+    # The cancelled job may write a few more lines while it dies: those are kept too.
+    job_of_line = [json.loads(line)["job_id"] for line in written]
+    kept = job_of_line.count(evals[0])
+    assert len(written_before) <= kept < EXAMPLES
+    assert job_of_line == [evals[0]] * kept + [evals[1]] * (len(written) - kept)
+    metrics = json.loads((samples.parent / "metrics.json").read_text())
+    assert metrics["jobs"] == evals and metrics["scheduler"]["job_id"] == evals[1]
+
+    # The undisturbed local-executor run computed the same results.
+    assert undisturbed.wait(timeout=600) == 0, local_log.read_text()[-3000:]
+    compared = subprocess.run(
+        [str(BIN / "setdlm"), "compare", str(local / "out" / "runs" / "faults"), str(run)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert compared.returncode == 0, compared.stdout + compared.stderr
+    assert "1 result points compared: identical results" in compared.stdout
