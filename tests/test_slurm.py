@@ -17,7 +17,6 @@ results equal those of an undisturbed local-executor run.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from workflow_env import environ
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -44,20 +44,6 @@ def _cluster_or_skip() -> None:
             "no SLURM cluster answers (sinfo failed); start one with "
             "../shared/tools/local-slurm/local-slurm.sh up (as .ci/run does)"
         )
-
-
-def _environ(data_dir: Path, xdg: Path) -> dict:
-    env = dict(os.environ)
-    env.update(
-        SETDLM_DATA_DIR=str(data_dir),
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        SETDLM_CODE_VERSION="test-suite",
-        XDG_CONFIG_HOME=str(xdg),
-    )
-    env.pop("MLFLOW_TRACKING_URI", None)
-    return env
 
 
 CONFIG = {
@@ -138,7 +124,7 @@ def _wait(what: str, condition, driver: subprocess.Popen, log: Path, seconds: fl
 
 def test_a_preempted_training_and_a_cancelled_evaluation_are_retried_and_resume(tmp_path, data_dir):
     _cluster_or_skip()
-    env = _environ(data_dir, tmp_path / "xdg")
+    env = environ(data_dir, XDG_CONFIG_HOME=str(tmp_path / "xdg"))
     subprocess.run(
         [str(BIN / "setdlm"), "profile", "install", "slurm"], env=env, check=True, timeout=60
     )

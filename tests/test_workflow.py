@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from workflow_env import environ
 
 from setdlm.workflow import datasets, layout, points
 from setdlm.workflow.config import (
@@ -63,20 +64,6 @@ MINI_POINTS = [
     "likelihood-wikitext2/ar/default",
     "likelihood-wikitext2/setdlm-smax8/default",
 ]
-
-
-def environ(data_dir: Path) -> dict:
-    env = dict(os.environ)
-    env.update(
-        SETDLM_DATA_DIR=str(data_dir),
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        # commits landing while the suite runs must not look like new code
-        SETDLM_CODE_VERSION="test-suite",
-    )
-    env.pop("MLFLOW_TRACKING_URI", None)
-    return env
 
 
 # ------------------------------------------------------------------------------ tables agree
