@@ -17,7 +17,9 @@ SLURM_VARIABLES = {
     "step_id": "SLURM_STEP_ID",
     "array_job_id": "SLURM_ARRAY_JOB_ID",
     "array_task_id": "SLURM_ARRAY_TASK_ID",
-    "restart_count": "SLURM_RESTART_COUNT",  # > 0 once SLURM requeued the job
+    # > 0 once SLURM requeued the job; Snakemake's job step does not pass it on, so it is only
+    # seen by commands submitted without Snakemake (sbatch/srun by hand)
+    "restart_count": "SLURM_RESTART_COUNT",
     "cluster": "SLURM_CLUSTER_NAME",
     "partition": "SLURM_JOB_PARTITION",
     "node": "SLURMD_NODENAME",
