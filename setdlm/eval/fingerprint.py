@@ -6,11 +6,11 @@ import functools
 import importlib.metadata
 import os
 import platform
-import subprocess
 from pathlib import Path
 
 import torch
 
+from setdlm.git import git_output, head_commit
 from setdlm.scheduler import current_job, current_job_id
 
 PACKAGES = (
@@ -68,25 +68,11 @@ def code_version() -> str:
     """The git commit of this checkout (with "-dirty" for uncommitted changes), else the
     package version."""
     root = Path(__file__).resolve().parents[2]
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout
-        return commit + ("-dirty" if dirty.strip() else "")
-    except (OSError, subprocess.SubprocessError):
+    commit = head_commit(root)
+    changes = git_output(root, "status", "--porcelain", "--untracked-files=no", check=False)
+    if commit is None or changes is None:
         return importlib.metadata.version("setdlm")
+    return commit + ("-dirty" if changes.strip() else "")
 
 
 def sample_provenance() -> dict:

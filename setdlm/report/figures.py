@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import io
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import matplotlib.style
 from matplotlib.figure import Figure
 
 from setdlm import published
-from setdlm.files import fsync_dir
+from setdlm.files import atomic_write_bytes
 from setdlm.report.results import (
     FAMILY_ORDER,
     ResultPoint,
@@ -195,20 +194,6 @@ def write_figures(results: Results, out_dir: str | Path, tasks=tuple(FIGURES)) -
                 buffer = io.BytesIO()
                 figure.savefig(buffer, format=suffix, **options)
                 path = out_dir / f"{task}_pareto.{suffix}"
-                _atomic_write_bytes(path, buffer.getvalue())
+                atomic_write_bytes(path, buffer.getvalue())
                 written.append(path)
     return written
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(temporary, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-    fsync_dir(path.parent)

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from setdlm.git import head_commit
 from setdlm.workflow import datasets
 from setdlm.workflow.config import (
     data_dir,
@@ -289,19 +289,12 @@ def code_version(folder: str | Path) -> str:
     ``SETDLM_CODE_VERSION`` pins it (to keep results across a commit known not to matter)."""
     if os.environ.get("SETDLM_CODE_VERSION"):
         return os.environ["SETDLM_CODE_VERSION"]
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=folder,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
+    commit = head_commit(folder)
+    if commit is None:
         import importlib.metadata
 
         return f"setdlm-{importlib.metadata.version('setdlm')}"
+    return commit
 
 
 def save_config(plan: Plan) -> Path:
