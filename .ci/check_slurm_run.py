@@ -40,7 +40,8 @@ def recorded_jobs(run: Path) -> dict[str, str]:
         metrics = json.loads((folder / "metrics.json").read_text())
         jobs[f"evaluate {name}"] = metrics.get("scheduler") or {}
         lines = (folder / "samples.jsonl").read_text().splitlines()
-        unmarked = [json.loads(line)["id"] for line in lines if not json.loads(line).get("job_id")]
+        samples = [json.loads(line) for line in lines]
+        unmarked = [sample["id"] for sample in samples if not sample.get("job_id")]
         if unmarked:
             fail(f"{folder}/samples.jsonl: samples {unmarked[:3]} record no SLURM job")
         if not metrics.get("jobs"):

@@ -21,6 +21,7 @@ from setdlm.data.loader import collate
 from setdlm.data.text import ChunkedLMDataset, load_wikitext2
 from setdlm.eval.fingerprint import hardware, run_provenance, sample_provenance, software_versions
 from setdlm.eval.records import SampleLog, config_hash, example_seed
+from setdlm.eval.runner import finished_metrics
 from setdlm.files import atomic_write_json
 from setdlm.likelihood import sequence_terms, summarize
 from setdlm.paths import data_dir
@@ -98,9 +99,9 @@ def run_likelihood(
         "model_source": model_source,
     }
     digest = config_hash(identity)
-    metrics_path = out_dir / "metrics.json"
-    if metrics_path.exists() and json.loads(metrics_path.read_text())["config_hash"] == digest:
-        return json.loads(metrics_path.read_text())
+    finished = finished_metrics(out_dir, digest)
+    if finished is not None:
+        return finished
     chunks = ChunkedLMDataset(heldout_documents(data), tokenizer, model.config.length)
     count = len(chunks) if limit is None else min(limit, len(chunks))
     ids = [f"{data}-{i}" for i in range(count)]
@@ -128,5 +129,6 @@ def run_likelihood(
         "hardware": hardware(model.device),
         "software": software_versions(),
     }
+    metrics_path = out_dir / "metrics.json"
     atomic_write_json(metrics_path, metrics)
     return json.loads(metrics_path.read_text())

@@ -77,6 +77,30 @@ class RunSettings:
     warmup_examples: int = 1  # the first examples decoded by each process are not timed
 
 
+def generation_identity(
+    task_name: str, task_settings: dict, model, model_source: str, decode, seed: int
+) -> dict:
+    """What a generation result depends on (hashed into its config hash)."""
+    return {
+        "task": task_name,
+        "task_settings": task_settings,
+        "model_config": model.config.to_dict(),
+        "model_source": model_source,
+        "decode": decode.to_dict(),
+        "seed": seed,
+    }
+
+
+def finished_metrics(out_dir: Path, digest: str) -> dict | None:
+    """``out_dir``'s metrics.json when it is the finished result of configuration ``digest``."""
+    metrics_path = out_dir / "metrics.json"
+    if metrics_path.exists():
+        finished = json.loads(metrics_path.read_text())
+        if finished.get("config_hash") == digest:
+            return finished
+    return None
+
+
 def run_evaluation(
     task: Task,
     model,
@@ -88,20 +112,13 @@ def run_evaluation(
 ) -> dict:
     out_dir = Path(out_dir)
     decode = task.decode_config(decode, tokenizer)
-    identity = {
-        "task": task.name,
-        "task_settings": task.settings(),
-        "model_config": model.config.to_dict(),
-        "model_source": model_source,
-        "decode": decode.to_dict(),
-        "seed": settings.seed,
-    }
+    identity = generation_identity(
+        task.name, task.settings(), model, model_source, decode, settings.seed
+    )
     digest = config_hash(identity)
-    metrics_path = out_dir / "metrics.json"
-    if metrics_path.exists():
-        finished = json.loads(metrics_path.read_text())
-        if finished.get("config_hash") == digest:
-            return finished
+    finished = finished_metrics(out_dir, digest)
+    if finished is not None:
+        return finished
     claim_folder(out_dir, identity, digest)
     log = SampleLog(out_dir / "samples.jsonl")
     done = log.load()

@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.metadata
-import json
 import os
 import statistics
 from dataclasses import asdict, dataclass
@@ -60,7 +59,15 @@ from setdlm.eval.mauve_score import (
     mauve_from_features,
 )
 from setdlm.eval.records import SampleLog, config_hash, example_seed
-from setdlm.eval.runner import Example, RunSettings, Task, claim_folder, finish_run
+from setdlm.eval.runner import (
+    Example,
+    RunSettings,
+    Task,
+    claim_folder,
+    finish_run,
+    finished_metrics,
+    generation_identity,
+)
 from setdlm.eval.sample_rules import EntropyStop, LowConfidenceStop, Rejection, apply_stop_rules
 from setdlm.eval.timing import (
     reset_peak_memory,
@@ -271,21 +278,14 @@ def run_unconditional(
     settings = settings or RunSettings()
     generation = task.generation
     decode = task.decode_config(decode, tokenizer)
-    sample_identity = {
-        "task": task.name,
-        "task_settings": generation.to_dict(),
-        "model_config": model.config.to_dict(),
-        "model_source": model_source,
-        "decode": decode.to_dict(),
-        "seed": settings.seed,
-    }
+    sample_identity = generation_identity(
+        task.name, generation.to_dict(), model, model_source, decode, settings.seed
+    )
     identity = sample_identity | {"scoring": task.scoring.to_dict()}
     digest = config_hash(identity)
-    metrics_path = out_dir / "metrics.json"
-    if metrics_path.exists():
-        finished = json.loads(metrics_path.read_text())
-        if finished.get("config_hash") == digest:
-            return finished
+    finished = finished_metrics(out_dir, digest)
+    if finished is not None:
+        return finished
     examples = task.examples(tokenizer, model)  # checks the settings against the model
     claim_folder(out_dir, sample_identity, config_hash(sample_identity))
 

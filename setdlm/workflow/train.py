@@ -90,6 +90,7 @@ def train_model(name: str, config: dict, out: Path, work: Path, log=print) -> di
     from setdlm.paths import data_path
     from setdlm.tiny import build_tiny_model, tiny_tokenizer, tiny_train_config
     from setdlm.train import latest_checkpoint, load_weights, train
+    from setdlm.train.checkpoint import read_manifest
 
     family = config["models"][name]["family"]
     settings = tiny_settings(config, name)
@@ -107,7 +108,8 @@ def train_model(name: str, config: dict, out: Path, work: Path, log=print) -> di
     started = time.perf_counter()
     train_set = ChunkedLMDataset(texts.train, tokenizer, settings.length)
     checkpoints = work / "train" / "checkpoints"
-    attempt = {"job": current_job(), "from_step": _checkpoint_step(latest_checkpoint(checkpoints))}
+    saved = read_manifest(checkpoints)  # the step a resumed training starts from: the newest
+    attempt = {"job": current_job(), "from_step": saved[-1]["step"] if saved else 0}
     try:
         result = train(model, train_set, tiny_train_config(settings), work / "train")
     except Preempted as stop:
@@ -134,10 +136,6 @@ def train_model(name: str, config: dict, out: Path, work: Path, log=print) -> di
     atomic_write_json(out / TRAINED_MARKER, marker)
     log(f"[{name}] {result.final_step} steps, last loss {losses[-1]['loss']:.3f} -> {out}")
     return marker
-
-
-def _checkpoint_step(checkpoint: Path | None) -> int:
-    return 0 if checkpoint is None else int(checkpoint.name.removeprefix("step-"))
 
 
 def _record_attempt(work: Path, attempt: dict) -> list[dict]:
