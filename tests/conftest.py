@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
+from slurm_guard import given_cluster, install_guard
 
 # Tests never reach the Hugging Face Hub; the local mirror stands in for it.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -19,6 +21,23 @@ DATA_DIR = Path(os.environ["SETDLM_DATA_DIR"])
 PARITY_DIR = Path(
     os.environ.get("SETDLM_PARITY_DIR", DATA_DIR.parent / "fixtures" / "official-parity")
 )
+# No SLURM cluster given: every submitting command is refused for the whole session
+# (subprocesses included), and a session in which anything tried fails (tests/slurm_guard.py).
+SLURM_GUARD = None
+if given_cluster() is None:
+    SLURM_GUARD = install_guard(Path(tempfile.mkdtemp(prefix="setdlm-slurm-guard-")))
+    os.environ["PATH"] = f"{SLURM_GUARD[0]}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if SLURM_GUARD is None:
+        return
+    refused = SLURM_GUARD[1].read_text().splitlines()
+    if refused:
+        print(f"\nthe suite tried to use a SLURM cluster it was not given: {refused}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 PARITY_CASES = sorted(p.name for p in PARITY_DIR.iterdir() if (p / "reference.json").exists())
 
 

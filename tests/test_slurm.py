@@ -1,8 +1,11 @@
 """The workflow's failure paths through a real SLURM cluster (marker ``slurm``).
 
-They need a cluster that answers ``sinfo``: .ci/run starts a single-node one with
-../shared/tools/local-slurm/local-slurm.sh (fake GPUs, no accounting database) before the
-suite; elsewhere these tests skip, saying so. The tiny all_tables through SLURM, its no-op
+They run only against the cluster named in ``SETDLM_SLURM_TEST_CLUSTER``, and only once its
+controller says it is that cluster: .ci/run starts a single-node one with
+../shared/tools/local-slurm/local-slurm.sh (fake GPUs, no accounting database) and names it;
+elsewhere these tests skip, saying so (tests/slurm_guard.py keeps every other test away from
+SLURM). Every process they start is stopped, and every job they submitted cancelled, however
+they end. The tiny all_tables through SLURM, its no-op
 rerun and its equality with the local-executor run are checked by .ci/slurm-stage.
 
 One workflow run (a tiny AR trained here, then GSM8K on 400 questions) meets three
@@ -17,8 +20,9 @@ results equal those of an undisturbed local-executor run.
 from __future__ import annotations
 
 import json
+import os
 import re
-import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -26,6 +30,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from slurm_guard import CLUSTER_VARIABLE, answering_cluster, given_cluster
 from workflow_env import environ
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,13 +41,19 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
 def _cluster_or_skip() -> None:
-    if shutil.which("sinfo") is None:
-        pytest.skip("no SLURM here (sinfo not found); .ci/run starts a local cluster")
-    answer = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, timeout=30)
-    if answer.returncode != 0:
+    """Run only against the cluster named for the tests, after checking that it is the one
+    answering: these tests submit, signal and cancel real jobs."""
+    named = given_cluster()
+    if named is None:
         pytest.skip(
-            "no SLURM cluster answers (sinfo failed); start one with "
-            "../shared/tools/local-slurm/local-slurm.sh up (as .ci/run does)"
+            f"no SLURM cluster given ({CLUSTER_VARIABLE} is unset); .ci/run starts a local one "
+            "with ../shared/tools/local-slurm/local-slurm.sh and names it"
+        )
+    answering = answering_cluster()
+    if answering != named:
+        pytest.fail(
+            f"{CLUSTER_VARIABLE}={named}, but the SLURM controller answering here is "
+            f"{answering or 'none'}: refusing to submit to it"
         )
 
 
@@ -122,7 +133,41 @@ def _wait(what: str, condition, driver: subprocess.Popen, log: Path, seconds: fl
     pytest.fail(f"timed out waiting for {what}:\n{log.read_text()[-3000:]}")
 
 
-def test_a_preempted_training_and_a_cancelled_evaluation_are_retried_and_resume(tmp_path, data_dir):
+@pytest.fixture
+def started():
+    """What a test starts: ``processes`` (each in its own process group) and ``driver_logs``
+    (snakemake logs naming the SLURM jobs submitted). However the test ends, each process
+    group still running is stopped (SIGINT, on which snakemake cancels its SLURM jobs, then
+    SIGKILL) and every job named in a log is cancelled: the jobs run under slurmd, outside
+    these process groups."""
+    record = {"processes": [], "driver_logs": []}
+    yield record
+    _stop_all(record["processes"], record["driver_logs"])
+
+
+def _stop_all(processes: list[subprocess.Popen], driver_logs: list[Path]) -> None:
+    for process in processes:
+        if process.poll() is not None:
+            continue
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+    submitted = [
+        job
+        for log in driver_logs
+        if log.exists()
+        for job in re.findall(r"submitted with SLURM jobid (\d+)", log.read_text())
+    ]
+    if submitted:
+        subprocess.run(["scancel", *submitted], capture_output=True, timeout=60)
+
+
+def test_a_preempted_training_and_a_cancelled_evaluation_are_retried_and_resume(
+    tmp_path, data_dir, started
+):
     _cluster_or_skip()
     env = environ(data_dir, XDG_CONFIG_HOME=str(tmp_path / "xdg"))
     subprocess.run(
@@ -149,47 +194,47 @@ def test_a_preempted_training_and_a_cancelled_evaluation_are_retried_and_resume(
             env=env,
             stdout=output,
             stderr=output,
+            start_new_session=True,  # its own process group, stopped as a whole
         )
+    started["processes"].append(undisturbed)
+    started["driver_logs"].append(log)
     with open(log, "w") as output:
-        driver = subprocess.Popen(command, cwd=REPO, env=env, stdout=output, stderr=output)
-    try:
-        # The training, 20 of its 150 steps done: SIGUSR1, what `--signal=USR1@<s>` sends.
-        train_job = _wait(
-            "the training to log step 20",
-            lambda: len(_lines(losses)) >= 2 and _running_job(log, "train_model"),
-            driver,
-            log,
+        driver = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=output, stderr=output, start_new_session=True
         )
-        subprocess.run(["scancel", "--signal=USR1", train_job], check=True, timeout=30)
-        # Its retry, 40 steps further: SIGTERM, what SLURM sends at the time limit or on
-        # preemption (and the profile's `--signal=TERM@120` warning).
-        retry_job = _wait(
-            "the retried training to log 40 more steps",
-            lambda: (
-                (job := _running_job(log, "train_model")) not in (None, train_job)
-                and len(_lines(losses)) >= 6
-                and job
-            ),
-            driver,
-            log,
-        )
-        subprocess.run(["scancel", "--signal=TERM", retry_job], check=True, timeout=30)
-        # The evaluation, a few answers written: cancelled outright.
-        eval_job = _wait(
-            "the evaluation to write 5 samples",
-            lambda: len(_lines(samples)) >= 5 and _running_job(log, "evaluate"),
-            driver,
-            log,
-        )
-        subprocess.run(["scancel", eval_job], check=True, timeout=30)
-        written_before = _lines(samples)
-        assert len(written_before) < EXAMPLES, "the evaluation finished before it was cancelled"
-        returncode = driver.wait(timeout=480)
-    finally:
-        for process in (driver, undisturbed):
-            if process.poll() is None:
-                process.send_signal(2)  # SIGINT: snakemake cancels its SLURM jobs and stops
-                process.wait(timeout=120)
+    started["processes"].append(driver)
+    # The training, 20 of its 150 steps done: SIGUSR1, what `--signal=USR1@<s>` sends.
+    train_job = _wait(
+        "the training to log step 20",
+        lambda: len(_lines(losses)) >= 2 and _running_job(log, "train_model"),
+        driver,
+        log,
+    )
+    subprocess.run(["scancel", "--signal=USR1", train_job], check=True, timeout=30)
+    # Its retry, 40 steps further: SIGTERM, what SLURM sends at the time limit or on
+    # preemption (and the profile's `--signal=TERM@120` warning).
+    retry_job = _wait(
+        "the retried training to log 40 more steps",
+        lambda: (
+            (job := _running_job(log, "train_model")) not in (None, train_job)
+            and len(_lines(losses)) >= 6
+            and job
+        ),
+        driver,
+        log,
+    )
+    subprocess.run(["scancel", "--signal=TERM", retry_job], check=True, timeout=30)
+    # The evaluation, a few answers written: cancelled outright.
+    eval_job = _wait(
+        "the evaluation to write 5 samples",
+        lambda: len(_lines(samples)) >= 5 and _running_job(log, "evaluate"),
+        driver,
+        log,
+    )
+    subprocess.run(["scancel", eval_job], check=True, timeout=30)
+    written_before = _lines(samples)
+    assert len(written_before) < EXAMPLES, "the evaluation finished before it was cancelled"
+    returncode = driver.wait(timeout=480)
     assert returncode == 0, log.read_text()[-4000:]
 
     submitted = re.findall(r"submitted with SLURM jobid (\d+)", log.read_text())
