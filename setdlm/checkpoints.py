@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from setdlm.core.family import Family, ModelConfig
 from setdlm.core.schedules import LinearSchedule, StaggeredSchedule
+from setdlm.errors import UserError
 from setdlm.files import atomic_write_json, fsync_dir
 
 MODEL_FORMAT = "setdlm-model/1"
@@ -26,7 +27,7 @@ OFFICIAL_ARCHITECTURES = {"AR": "ar", "MDLM": "mdlm", "BD3LM": "bd3lm", "SetDLM"
 DERIVED_TENSORS = ("static_attention_mask",)
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint that cannot be loaded; the message lists every problem found."""
 
 
@@ -124,6 +125,19 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     raise CheckpointError(f"{folder}: no model.safetensors or pytorch_model.bin")
 
 
+def weights_metadata(folder: Path) -> dict:
+    """The metadata in ``model.safetensors`` ({} when there is none or the file is missing;
+    reading the weights reports a broken file)."""
+    from safetensors import safe_open
+
+    path = folder / "model.safetensors"
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return handle.metadata() or {}
+    except Exception:  # safetensors raises its own error types; read_weights names them
+        return {}
+
+
 def load_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
     """Load every tensor or fail with one error listing all mismatches (no partial model)."""
     state = {k: v for k, v in state.items() if k not in DERIVED_TENSORS}
@@ -162,7 +176,10 @@ def save_model(model: Family, folder: str | Path) -> Path:
         name: tensor.detach().cpu().clone().contiguous()
         for name, tensor in model.state_dict().items()
     }
-    save_file(state, staging / "model.safetensors", metadata={"format": MODEL_FORMAT})
+    # The family travels with the weights too: a config.json edited or swapped to another
+    # family is refused on load instead of decoding one family's weights as another's.
+    metadata = {"format": MODEL_FORMAT, "family": model.config.family}
+    save_file(state, staging / "model.safetensors", metadata=metadata)
     atomic_write_json(
         staging / "config.json", {"format": MODEL_FORMAT, "model": model.config.to_dict()}
     )
@@ -190,6 +207,16 @@ def load_model(folder: str | Path) -> Family:
         raise CheckpointError(f"{config_path}: not valid JSON ({error})") from error
     if config.get("format") != MODEL_FORMAT:
         return load_official(folder)
-    model = build_model(ModelConfig.from_dict(config["model"], source=str(config_path)))
+    try:
+        model_config = ModelConfig.from_dict(config["model"], source=str(config_path))
+    except (KeyError, TypeError, ValueError) as error:
+        raise CheckpointError(f"{config_path}: not a valid model config ({error})") from None
+    weights_family = weights_metadata(folder).get("family")
+    if weights_family not in (None, model_config.family):
+        raise CheckpointError(
+            f"{config_path}: family {model_config.family!r}, but {folder / 'model.safetensors'} "
+            f"holds the weights of a {weights_family} model"
+        )
+    model = build_model(model_config)
     load_state(model, read_weights(folder), str(folder))
     return model.eval()

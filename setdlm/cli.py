@@ -6,21 +6,53 @@ import argparse
 import sys
 from pathlib import Path
 
+from setdlm.errors import ArgumentParser, report
+from setdlm.validation import (
+    BATCH_SIZE,
+    BLOCK_SIZE,
+    COUNT,
+    NEW_TOKENS,
+    SEED,
+    THREADS,
+    THRESHOLD,
+    WINDOW,
+    SettingError,
+    budget_errors,
+    knob_errors,
+    option,
+    raise_for,
+)
+
+
+def _parse_threads(text: str) -> int:
+    try:
+        return THREADS(text)
+    except argparse.ArgumentTypeError as error:
+        raise SettingError(f"--threads: {error}") from None
+
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; a bad input ends in a message naming it and exit code 2, not in a
+    traceback (setdlm/errors.py)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    threads = int(argv[1]) if argv[:1] == ["--threads"] and len(argv) > 1 else None
-    command_argv = argv[2:] if threads else argv
-    if threads:
+    name = next((a for a in argv if not a.startswith("-") and a in COMMANDS), "")
+    return report(f"setdlm {name}".strip(), lambda: _main(argv))
+
+
+def _main(argv: list[str]) -> int:
+    if argv[:1] == ["--threads"]:
+        # Read before the forwarded commands, which parse the rest themselves.
+        threads = _parse_threads(argv[1] if len(argv) > 1 else "")
+        argv = argv[2:]
         import torch
 
         torch.set_num_threads(threads)
-    if command_argv and command_argv[0] in (*PASSTHROUGH, "lm-eval"):
+    if argv and argv[0] in (*PASSTHROUGH, "lm-eval"):
         # These commands parse their own arguments, options included.
-        return _forward(argparse.Namespace(command=command_argv[0], rest=command_argv[1:]))
-    parser = argparse.ArgumentParser(prog="setdlm", description=__doc__)
+        return _forward(argparse.Namespace(command=argv[0], rest=argv[1:]))
+    parser = ArgumentParser(prog="setdlm", description=__doc__)
     parser.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
+        "--threads", type=THREADS, default=None, help="torch CPU threads (default: torch's choice)"
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -30,7 +62,12 @@ def main(argv: list[str] | None = None) -> int:
         "decode with each (the embedded default job)",
     )
     tiny.add_argument("--out", type=Path, default=Path("results/runs/tiny"))
-    tiny.add_argument("--steps", type=int, default=None, help="training steps per family")
+    tiny.add_argument(
+        "--steps",
+        type=option("$defs/train/properties/steps"),
+        default=None,
+        help="training steps per family",
+    )
     tiny.add_argument(
         "--families", nargs="+", default=None, choices=("ar", "mdlm", "bd3lm", "setdlm")
     )
@@ -50,14 +87,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     generate.add_argument("model", help="folder, key (gsm8k:setdlm-smax8) or Hub id")
     generate.add_argument("--prompt", required=True)
-    generate.add_argument("--max-new-tokens", type=int, default=64)
-    generate.add_argument("--threshold", type=float, default=1e6, help="confidence τ")
-    generate.add_argument("--window", type=int, default=None, help="SetDLM W")
-    generate.add_argument("--block-size", type=int, default=None, help="MDLM/BD3LM block")
+    generate.add_argument("--max-new-tokens", type=NEW_TOKENS, default=64)
+    generate.add_argument("--threshold", type=THRESHOLD, default=1e6, help="confidence τ")
+    generate.add_argument("--window", type=WINDOW, default=None, help="SetDLM W")
+    generate.add_argument(
+        "--block-size", type=BLOCK_SIZE, default=None, help="MDLM/BD3LM block"
+    )
     generate.add_argument("--sample", action="store_true", help="sample instead of greedy")
-    generate.add_argument("--top-p", type=float, default=1.0)
-    generate.add_argument("--repetition-penalty", type=float, default=1.0)
-    generate.add_argument("--seed", type=int, default=0)
+    generate.add_argument(
+        "--top-p", type=option("$defs/unconditional/properties/top_p"), default=1.0
+    )
+    generate.add_argument(
+        "--repetition-penalty",
+        type=option("$defs/unconditional/properties/repetition_penalty"),
+        default=1.0,
+    )
+    generate.add_argument("--seed", type=SEED, default=0)
     generate.add_argument("--no-bos", action="store_true", help="do not prepend BOS")
     generate.add_argument(
         "--tokenizer", default=None, help="tokenizer folder or Hub id (default: the model's own)"
@@ -89,13 +134,15 @@ def main(argv: list[str] | None = None) -> int:
         "decode", help="decode the same prompts with all four families on one tiny backbone"
     )
     decode.add_argument("--backbone", choices=("qwen3", "dit"), default="qwen3")
-    decode.add_argument("--layers", type=int, default=4)
-    decode.add_argument("--hidden", type=int, default=256)
-    decode.add_argument("--prompt-tokens", type=int, default=32)
-    decode.add_argument("--new-tokens", type=int, default=128)
-    decode.add_argument("--batch-size", type=int, default=1)
-    decode.add_argument("--thresholds", type=float, nargs="+", default=[1e6, 0.9])
-    decode.add_argument("--repeats", type=int, default=3)
+    decode.add_argument("--layers", type=option("$defs/train/properties/num_layers"), default=4)
+    decode.add_argument(
+        "--hidden", type=option("$defs/train/properties/hidden_size"), default=256
+    )
+    decode.add_argument("--prompt-tokens", type=COUNT, default=32)
+    decode.add_argument("--new-tokens", type=COUNT, default=128)
+    decode.add_argument("--batch-size", type=BATCH_SIZE, default=1)
+    decode.add_argument("--thresholds", type=THRESHOLD, nargs="+", default=[1e6, 0.9])
+    decode.add_argument("--repeats", type=COUNT, default=3)
 
     args = parser.parse_args(argv)
     return COMMANDS[args.command](args)
@@ -173,12 +220,21 @@ def _generate(args) -> int:
     from setdlm.data.tokenizers import load_tokenizer
     from setdlm.zoo import load_pretrained, load_tokenizer_for
 
+    if not args.prompt.strip():
+        raise SettingError(
+            "--prompt is empty: expected text to continue (samples from BOS alone are "
+            "`setdlm eval unconditional`)"
+        )
     loaded = load_pretrained(args.model)
+    family, length = loaded.model.config.family, loaded.model.config.length
+    knobs = {"window": args.window, "block_size": args.block_size}
+    raise_for(knob_errors(family, knobs, "--{flag}", args.model))
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else load_tokenizer_for(loaded)
     spec = loaded.spec
     prompt = tokenizer.encode(args.prompt, add_special_tokens=False)
     if not args.no_bos and tokenizer.bos_token_id is not None:
         prompt = [tokenizer.bos_token_id, *prompt]
+    raise_for(budget_errors(args.max_new_tokens, length, "--max-new-tokens", len(prompt)))
     default_block = spec.mdlm_block if spec is not None else None
     config = DecodeConfig(
         max_new_tokens=args.max_new_tokens,

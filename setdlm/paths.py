@@ -10,10 +10,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from setdlm.errors import UserError
+
 DATA_DIR_ENV = "SETDLM_DATA_DIR"
 
 
-class DataNotFoundError(FileNotFoundError):
+class DataNotFoundError(UserError, FileNotFoundError):
     """A local data file the configuration asked for is missing."""
 
 

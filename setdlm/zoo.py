@@ -165,7 +165,7 @@ def load_pretrained(name: str, revision: str | None = None) -> Loaded:
         return Loaded(load_model(folder), None, folder)
     spec = resolve(name)
     if spec is None and name.count("/") != 1:
-        raise ValueError(
+        raise CheckpointError(
             f"{name!r} is not a folder, a known key ({', '.join(sorted(PUBLISHED)[:4])}, ...; "
             f"see `setdlm models`) or a Hub id of the form org/name"
         )

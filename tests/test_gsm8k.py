@@ -169,7 +169,7 @@ def test_malformed_data_names_the_file_and_line(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"test\.jsonl:2: not valid JSON"):
         gsm8k.load_gsm8k()
     (folder / "test.jsonl").write_text(json.dumps({"question": "q", "answer": "no marker"}))
-    with pytest.raises(ValueError, match=r"test\.jsonl, row 0: the answer has no"):
+    with pytest.raises(ValueError, match=r"test\.jsonl:1: the answer has no"):
         gsm8k.load_gsm8k()
 
 

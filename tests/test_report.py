@@ -236,15 +236,21 @@ def test_published_data_keeps_its_provenance():
     assert "0bda5a3" in published.PROVENANCE
 
 
-def test_tables_of_an_empty_run_say_so(tmp_path):
+def test_an_empty_run_replaces_no_tables_unless_asked(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
-    assert setdlm(["report", "tables", str(tmp_path / "empty"), "--out", str(tmp_path)]) == 0
+    tables = ["report", "tables", str(tmp_path / "empty"), "--out", str(tmp_path)]
+    assert setdlm(tables) == 2  # empty tables would replace the ones there
+    assert "no finished results" in capsys.readouterr().err
+    assert not (tmp_path / "cnndm.md").exists()
+    assert setdlm([*tables, "--allow-empty"]) == 0  # the published numbers alone
     assert "No finished results for this table" in (tmp_path / "cnndm.md").read_text()
     rows = _csv(tmp_path / "gsm8k_pareto.csv")  # the paper's points, none of ours
     assert {r["published"] for r in rows} == {"not run here", "not run here (τ presumed)"}
     figures = tmp_path / "figures"
     command = ["report", "figures", str(tmp_path / "empty"), "--out", str(figures)]
-    assert setdlm([*command, "--only", "gsm8k", "cnndm"]) == 0  # the published curves; nothing
+    assert setdlm([*command, "--only", "gsm8k", "cnndm"]) == 2
+    assert not figures.exists()
+    assert setdlm([*command, "--only", "gsm8k", "cnndm", "--allow-empty"]) == 0  # published
     assert sorted(p.name for p in figures.iterdir()) == [
         "cnndm_pareto.pdf",
         "cnndm_pareto.png",

@@ -207,7 +207,9 @@ def test_snakemake_refuses_a_bad_configuration_before_queueing_jobs(tmp_path, da
         timeout=120,
     )
     assert result.returncode != 0
-    assert "tasks.gsm8k.thresholds[1]: τ = 2.0" in result.stdout + result.stderr
+    assert "tasks.gsm8k.thresholds[1]: 2.0 is not a confidence τ in (0, 1]" in (
+        result.stdout + result.stderr
+    )
     assert not (tmp_path / "work" / "results").exists()
 
 

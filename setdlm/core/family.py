@@ -70,6 +70,11 @@ class ModelConfig:
                 )
         if self.family in ("mdlm", "bd3lm") and not isinstance(self.schedule, LinearSchedule):
             raise ValueError(f"{self.family} needs a LinearSchedule")
+        if self.family == "ar" and self.schedule is not None:
+            raise ValueError(
+                f"AR has no noise schedule, but this config has a {type(self.schedule).__name__}"
+                " (a diffusion model's config with family ar?)"
+            )
 
     # ------------------------------------------------------------------ serialization
     def to_dict(self) -> dict:

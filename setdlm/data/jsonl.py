@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from setdlm.errors import DataError
+
 
 def read_jsonl(
     path: str | Path, required: tuple[str, ...] = (), limit: int | None = None
@@ -20,11 +22,11 @@ def read_jsonl(
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number}: not valid JSON ({error})") from None
+                raise DataError(f"{path}:{number}: not valid JSON ({error})") from None
             if not isinstance(row, dict):
-                raise ValueError(f"{path}:{number}: expected a JSON object, got {row!r:.80}")
+                raise DataError(f"{path}:{number}: expected a JSON object, got {row!r:.80}")
             for key in required:
                 if not isinstance(row.get(key), str):
-                    raise ValueError(f"{path}:{number}: key {key!r} is missing or not a string")
+                    raise DataError(f"{path}:{number}: key {key!r} is missing or not a string")
             rows.append((number, row))
     return rows

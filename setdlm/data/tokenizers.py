@@ -22,6 +22,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from setdlm.paths import DataNotFoundError
+
 # Raw vocabulary files -> the transformers tokenizer type that reads them.
 _RAW_VOCAB_TYPES = (
     (("vocab.json", "merges.txt"), "gpt2"),
@@ -53,12 +55,12 @@ def load_tokenizer(name_or_dir: str | os.PathLike) -> PreTrainedTokenizerBase:
                     trust_remote_code=False,
                     local_files_only=True,
                 )
-        raise FileNotFoundError(
+        raise DataNotFoundError(
             f"tokenizer folder {path} holds none of {list(_CONFIG_FILES)}, "
             f"vocab.json + merges.txt, or vocab.txt"
         )
     if path.exists() or str(name_or_dir).startswith((".", "/", "~")):
-        raise FileNotFoundError(f"tokenizer folder {path} does not exist (or is not a folder)")
+        raise DataNotFoundError(f"tokenizer folder {path} does not exist (or is not a folder)")
     return AutoTokenizer.from_pretrained(str(name_or_dir), trust_remote_code=False)
 
 

@@ -13,6 +13,22 @@ import json
 from pathlib import Path
 
 from setdlm.core.decoding import DecodeConfig
+from setdlm.validation import (
+    BATCH_SIZE,
+    BLOCK_SIZE,
+    LIMIT,
+    NEW_TOKENS,
+    SEED,
+    THRESHOLD,
+    WARMUP,
+    WINDOW,
+    SettingError,
+    budget_errors,
+    knob_errors,
+    option,
+    raise_for,
+    warmup_errors,
+)
 
 TASKS = ("gsm8k", "cnndm", "infill", "unconditional", "likelihood")
 
@@ -34,36 +50,42 @@ def add_parsers(commands) -> None:
         parser.add_argument("--model", required=True, help="folder, key or Hub id")
         parser.add_argument("--out", type=Path, required=True)
         parser.add_argument("--tokenizer", default=None, help="default: the model's own")
-        parser.add_argument("--seed", type=int, default=1234 if name != "likelihood" else 0)
-        parser.add_argument("--batch-size", type=int, default=1 if name != "likelihood" else 8)
-        parser.add_argument("--limit", type=int, default=None, help="first N examples")
+        parser.add_argument("--seed", type=SEED, default=1234 if name != "likelihood" else 0)
+        parser.add_argument(
+            "--batch-size", type=BATCH_SIZE, default=1 if name != "likelihood" else 8
+        )
+        parser.add_argument("--limit", type=LIMIT, default=None, help="first N examples")
         parser.add_argument(
             "--device", default="auto", help="cpu, cuda, cuda:N, or auto (a GPU when there is one)"
         )
         if name != "likelihood":
             parser.add_argument(
                 "--threshold",
-                type=float,
+                type=THRESHOLD,
                 nargs="+",
                 default=[1e6],
                 help="confidence τ; several values make a sweep",
             )
-            parser.add_argument("--window", type=int, default=None, help="SetDLM W")
-            parser.add_argument("--block-size", type=int, default=None, help="MDLM/BD3LM block")
-            parser.add_argument("--warmup", type=int, default=1, help="untimed first examples")
+            parser.add_argument("--window", type=WINDOW, default=None, help="SetDLM W")
+            parser.add_argument(
+                "--block-size", type=BLOCK_SIZE, default=None, help="MDLM/BD3LM block"
+            )
+            parser.add_argument("--warmup", type=WARMUP, default=1, help="untimed first examples")
         if name in ("gsm8k", "cnndm", "infill"):
             parser.add_argument(
                 "--paper-throughput",
-                type=int,
+                type=option("$defs/gsm8k/properties/paper_throughput"),
                 default=0,
                 metavar="N",
                 help="also time N examples with the paper's separate protocol "
                 "(batch 1, --paper-warmup untimed first), to throughput.json",
             )
-            parser.add_argument("--paper-warmup", type=int, default=50)
+            parser.add_argument(
+                "--paper-warmup", type=option("$defs/gsm8k/properties/paper_warmup"), default=50
+            )
     gsm8k = parsers["gsm8k"]
     gsm8k.add_argument("--protocol", choices=("pareto", "accuracy"), default="pareto")
-    gsm8k.add_argument("--max-new-tokens", type=int, default=None)
+    gsm8k.add_argument("--max-new-tokens", type=NEW_TOKENS, default=None)
     cnndm = parsers["cnndm"]
     cnndm.add_argument("--stop", choices=("first_eos", "official_pattern"), default="first_eos")
     infill = parsers["infill"]
@@ -75,31 +97,84 @@ def add_parsers(commands) -> None:
         help="skip stories longer than the model (counted) instead of failing",
     )
     unconditional = parsers["unconditional"]
-    unconditional.add_argument("--samples", type=int, default=1000)
     unconditional.add_argument(
-        "--max-new-tokens", type=int, default=None, help="default: fill the model length after BOS"
+        "--samples", type=option("$defs/unconditional/properties/samples"), default=1000
+    )
+    unconditional.add_argument(
+        "--max-new-tokens",
+        type=NEW_TOKENS,
+        default=None,
+        help="default: fill the model length after BOS",
     )
     unconditional.add_argument(
         "--table4", action="store_true", help="the per-family settings of the paper's Table 4"
     )
-    unconditional.add_argument("--top-p", type=float, default=None)
-    unconditional.add_argument("--repetition-penalty", type=float, default=None)
+    unconditional.add_argument(
+        "--top-p", type=option("$defs/unconditional/properties/top_p"), default=None
+    )
+    unconditional.add_argument(
+        "--repetition-penalty",
+        type=option("$defs/unconditional/properties/repetition_penalty"),
+        default=None,
+    )
     unconditional.add_argument("--no-confidence-stop", action="store_true")
     unconditional.add_argument("--no-entropy-stop", action="store_true")
     unconditional.add_argument(
-        "--reject", default="4.0,50,10", help="ENTROPY,LENGTH,MAX_ATTEMPTS of the rejection policy"
+        "--reject",
+        type=_rejection,
+        default="4.0,50,10",
+        help="ENTROPY,LENGTH,MAX_ATTEMPTS of the rejection policy",
     )
     unconditional.add_argument("--references", choices=("owt", "wikitext2"), default="owt")
-    unconditional.add_argument("--num-references", type=int, default=1000)
+    unconditional.add_argument(
+        "--num-references",
+        type=option("$defs/unconditional/properties/num_references"),
+        default=1000,
+    )
     unconditional.add_argument("--featurizer", default="gpt2-large")
     unconditional.add_argument(
         "--evaluator", default="gpt2-large", help="gen-PPL evaluator (Hub id, folder or 'none')"
     )
     unconditional.add_argument("--text-protocol", choices=("clean", "paper"), default="clean")
-    unconditional.add_argument("--bootstrap-subsets", type=int, default=5)
+    unconditional.add_argument(
+        "--bootstrap-subsets",
+        type=option("$defs/unconditional/properties/bootstrap_subsets"),
+        default=5,
+    )
     likelihood = parsers["likelihood"]
     likelihood.add_argument("--data", choices=("wikitext2", "owt", "lm1b"), default="wikitext2")
-    likelihood.add_argument("--samples", type=int, default=1, help="Monte-Carlo draws")
+    likelihood.add_argument(
+        "--samples",
+        type=option("$defs/likelihood/properties/samples"),
+        default=1,
+        help="Monte-Carlo draws",
+    )
+
+
+def _rejection(text: str) -> tuple[float, int, int]:
+    """ENTROPY,LENGTH,MAX_ATTEMPTS, each by the schema's rule for unconditional.reject."""
+    parts = text.split(",")
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not ENTROPY,LENGTH,MAX_ATTEMPTS (three comma-separated numbers)"
+        )
+    rules = [f"$defs/unconditional/properties/reject/properties/{k}" for k in REJECT_KEYS]
+    return tuple(option(rule)(part) for rule, part in zip(rules, parts, strict=True))
+
+
+REJECT_KEYS = ("entropy", "length", "attempts")
+
+
+def check_arguments(args: argparse.Namespace, family: str, length: int) -> None:
+    """The rules between the options, and between them and the model (the same functions
+    check a workflow configuration)."""
+    if args.task == "likelihood":
+        return
+    errors = warmup_errors(args.warmup, args.limit, "--warmup", "--limit")
+    knobs = {"window": args.window, "block_size": args.block_size}
+    errors += knob_errors(family, knobs, "--{flag}", args.model)
+    errors += budget_errors(getattr(args, "max_new_tokens", None), length, "--max-new-tokens")
+    raise_for(errors)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,7 +182,10 @@ def run(args: argparse.Namespace) -> int:
     from setdlm.eval.runner import RunSettings
     from setdlm.zoo import load_pretrained, load_tokenizer_for
 
+    if args.task != "likelihood":  # before the model loads: the options alone are wrong
+        raise_for(warmup_errors(args.warmup, args.limit, "--warmup", "--limit"))
     loaded = load_pretrained(args.model)
+    check_arguments(args, loaded.model.config.family, loaded.model.config.length)
     loaded.model.to(_device(args.device))
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else load_tokenizer_for(loaded)
     if args.task == "likelihood":
@@ -150,9 +228,12 @@ def _device(name: str):
 
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise SettingError(f"--device {name!r}: expected cpu, cuda, cuda:N or auto") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"--device {name}: no CUDA device is available")
+        raise SettingError(f"--device {name}: no CUDA device is available (use cpu or auto)")
     return device
 
 
@@ -223,11 +304,11 @@ def _run_unconditional(args, loaded, tokenizer, base: DecodeConfig, out: Path, s
     )
 
     family = loaded.model.config.family
-    entropy, length, attempts = args.reject.split(",")
+    reject = _rejection(args.reject) if isinstance(args.reject, str) else args.reject
     changes = {
         "num_samples": args.samples,
         "max_new_tokens": args.max_new_tokens or loaded.model.config.length - 1,
-        "rejection": Rejection(float(entropy), int(length), int(attempts)),
+        "rejection": Rejection(*reject),
     }
     if args.top_p is not None:
         changes["top_p"] = args.top_p

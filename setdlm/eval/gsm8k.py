@@ -30,8 +30,10 @@ from pathlib import Path
 
 from setdlm.core.decoding import DecodeConfig
 from setdlm.data.jsonl import read_jsonl
+from setdlm.errors import DataError
 from setdlm.eval.runner import Example, Task
 from setdlm.paths import data_dir, data_path
+from setdlm.validation import SettingError
 
 HUB_ID, HUB_CONFIG = "openai/gsm8k", "main"
 TEST_SIZE = 1319
@@ -86,29 +88,34 @@ def load_gsm8k(split: str = "test", source: str = "auto", limit: int | None = No
     (config ``main``) with ``datasets``; "auto" is local when ``SETDLM_DATA_DIR`` is set.
     """
     if limit is not None and limit < 0:
-        raise ValueError(f"limit must be >= 0 or None, got {limit}")
+        raise SettingError(f"limit must be >= 0 or None, got {limit}")
     if source == "auto":
         source = "local" if data_dir() is not None else "hub"
     if source == "local":
         path = data_path("gsm8k", f"{split}.jsonl")
-        rows = [row for _, row in read_jsonl(path, limit=limit)]
-        origin = str(data_path("gsm8k", f"{split}.jsonl"))
+        numbered = read_jsonl(path, limit=limit)
+        rows = [row for _, row in numbered]
+        places = [f"{path}:{number}" for number, _ in numbered]  # file and line
     elif source == "hub":
         import datasets  # the offline path never needs it
 
         rows = datasets.load_dataset(HUB_ID, HUB_CONFIG, split=split)
         rows = rows.select(range(min(limit, len(rows)))) if limit is not None else rows
-        origin = f"{HUB_ID} ({HUB_CONFIG}, {split})"
+        path = f"{HUB_ID} ({HUB_CONFIG}, {split})"
+        places = [f"{path}, row {index}" for index in range(len(rows))]
     else:
         raise ValueError(f"source must be 'auto', 'local' or 'hub', got {source!r}")
     problems = []
-    for index, row in enumerate(rows):
-        where = f"{origin}, row {index}"
+    for index, (row, where) in enumerate(zip(rows, places, strict=True)):
         for key in ("question", "answer"):
             if not isinstance(row.get(key), str):
-                raise ValueError(f"{where}: expected a string field {key!r}, got {row.get(key)!r}")
+                raise DataError(f"{where}: expected a string field {key!r}, got {row.get(key)!r}")
         reference_answer(row["answer"], where)  # fail now, not after hours of decoding
         problems.append(Problem(f"{split}-{index}", row["question"], row["answer"]))
+    if not problems:
+        raise DataError(
+            f"{path}: no GSM8K problems in it (expected JSON lines with a question and an answer)"
+        )
     return problems
 
 
@@ -220,7 +227,7 @@ def rewrite_boxed(text: str) -> str:
 def reference_answer(answer: str, where: str = "reference") -> str:
     """The gold answer as the paper's script read it: the text after the first "### "."""
     if "### " not in answer:
-        raise ValueError(f"{where}: the answer has no '#### <number>' line: {answer[-80:]!r}")
+        raise DataError(f"{where}: the answer has no '#### <number>' line: {answer[-80:]!r}")
     return answer.split("### ")[1]
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Literal, NamedTuple
 
 from setdlm.core.decoding import DecodeConfig
+from setdlm.errors import DataError
 from setdlm.eval.generated_text import flag_counts, output_flags, text_before_eos
 from setdlm.eval.rouge import RougeScorer, RougeSettings, aggregate_rouge
 from setdlm.eval.runner import Example, Task
@@ -232,9 +233,10 @@ class InfillTask(Task):
         if self.config.too_long == "skip":
             self.skipped.append(story_id)
             return False
-        raise ValueError(
+        raise DataError(
             f"ROCStories story {story_id}: its {self.config.variant} input has {length} tokens, "
-            f"more than the model's length {model_length} (too_long='skip' skips such stories)"
+            f"more than the model's length {model_length}; skip such stories with "
+            "--skip-too-long (setdlm eval infill) or skip_too_long: true (workflow task)"
         )
 
     def decode_config(self, base: DecodeConfig, tokenizer) -> DecodeConfig:

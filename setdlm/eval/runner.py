@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from setdlm.core.decoding import DecodeConfig
+from setdlm.errors import DataError, UserError
 from setdlm.eval.fingerprint import hardware, run_provenance, sample_provenance, software_versions
 from setdlm.eval.records import SampleLog, config_hash, example_seed
 from setdlm.eval.timing import (
@@ -29,6 +30,11 @@ from setdlm.eval.timing import (
     synchronized_timer,
 )
 from setdlm.files import atomic_write_json
+from setdlm.validation import raise_for, warmup_errors
+
+
+class ResultFolderTaken(UserError, ValueError):
+    """An output folder that holds samples of another configuration."""
 
 
 @dataclass(frozen=True)
@@ -119,10 +125,11 @@ def run_evaluation(
     finished = finished_metrics(out_dir, digest)
     if finished is not None:
         return finished
+    examples = task.examples(tokenizer, model)
+    check_examples(task, examples, settings)
     claim_folder(out_dir, identity, digest)
     log = SampleLog(out_dir / "samples.jsonl")
     done = log.load()
-    examples = task.examples(tokenizer, model)
     pending = [example for example in examples if example.id not in done]
     device = model.device
     reset_peak_memory(device)
@@ -153,6 +160,23 @@ def run_evaluation(
                 }
             )
     return finish_run(task, examples, log, out_dir, identity, digest, settings, device)
+
+
+def check_examples(task: Task, examples: list, settings: RunSettings) -> None:
+    """Refuse a run that would score nothing, or time nothing, before anything is written."""
+    if not examples:
+        raise DataError(
+            f"{task.name}: no examples to evaluate (the data file is empty, or every example "
+            "was skipped or filtered out)"
+        )
+    raise_for(
+        warmup_errors(
+            settings.warmup_examples,
+            len(examples),
+            "warmup (--warmup)",
+            f"the {task.name} examples",
+        )
+    )
 
 
 def finish_run(
@@ -199,11 +223,14 @@ def claim_folder(out_dir: Path, identity: dict, digest: str) -> None:
     run_path = out_dir / "run.json"
     if run_path.exists():
         existing = json.loads(run_path.read_text())
-        if existing["config_hash"] != digest:
-            raise ValueError(
+        # A folder claimed by a run that wrote no sample yet (it stopped on a bad input) holds
+        # nothing to protect: the corrected run takes it over.
+        if existing["config_hash"] != digest and SampleLog(out_dir / "samples.jsonl").load():
+            raise ResultFolderTaken(
                 f"{out_dir} holds samples of configuration {existing['config_hash']}, not "
                 f"{digest}: use another output folder (or delete it to start over)"
             )
-        return
+        if existing["config_hash"] == digest:
+            return
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(run_path, {"config_hash": digest, "config": identity})

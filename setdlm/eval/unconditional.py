@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.metadata
-import os
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -50,6 +49,7 @@ from setdlm.eval.mauve_score import (
     BOOTSTRAP_RNG_SEED,
     DEFAULT_FEATURIZER,
     EMPTY_POLICIES,
+    OFFLINE_FEATURIZER,
     Featurizer,
     MauveSettings,
     apply_empty_policy,
@@ -73,6 +73,8 @@ from setdlm.eval.timing import (
     reset_peak_memory,
     synchronized_timer,
 )
+from setdlm.hub import hub_offline, unreachable
+from setdlm.validation import SettingError
 
 TEXT_PROTOCOLS = {
     "clean": "generations and references both decoded without special tokens",
@@ -212,12 +214,38 @@ class UnconditionalTask(Task):
                 f"BOS + max_new_tokens={self.generation.max_new_tokens} exceeds the model length "
                 f"{model.config.length}; lower max_new_tokens"
             )
+        self._refuse_unreachable_scorers()
         self._prepared = (tokenizer, model)
         prompt = tokenizer.decode([bos], skip_special_tokens=False)
         return [
             Example(id=f"sample-{i:05d}", input_ids=[bos], prompt=prompt, reference=None)
             for i in range(self.generation.num_samples)
         ]
+
+    def _refuse_unreachable_scorers(self) -> None:
+        """Before any sample is generated: the references, MAUVE featurizer and gen-PPL
+        evaluator must be loadable here, or the run would fail after generating them all."""
+        scoring, problems = self.scoring, []
+        owt_offline = hub_offline(datasets=True) and prepared_documents("owt") is None
+        if scoring.references == "owt" and owt_offline:
+            problems.append(
+                "--references owt (references: owt) loads OpenWebText from the Hub, which is "
+                "offline here; use --references wikitext2 (offline copy)"
+            )
+        if scoring.featurizer != OFFLINE_FEATURIZER and unreachable(scoring.featurizer):
+            problems.append(
+                f"--featurizer {scoring.featurizer} (featurizer:) is neither a folder nor in the "
+                f"Hugging Face cache, and the Hub is offline; use --featurizer "
+                f"{OFFLINE_FEATURIZER} (packaged; its MAUVE is not comparable with gpt2-large's)"
+            )
+        if scoring.evaluator is not None and unreachable(scoring.evaluator):
+            problems.append(
+                f"--evaluator {scoring.evaluator} (evaluator:) is neither a folder nor in the "
+                "Hugging Face cache, and the Hub is offline; use --evaluator FOLDER (a causal "
+                "model folder, e.g. an AR model trained here) or --evaluator none"
+            )
+        if problems:
+            raise SettingError("cannot score offline:\n  " + "\n  ".join(problems))
 
     def decode_config(self, base: DecodeConfig, tokenizer) -> DecodeConfig:
         if tokenizer.eos_token_id is None:
@@ -406,10 +434,10 @@ def load_reference_pool(
     elif source == "owt" and (prepared := prepared_documents("owt")) is not None:
         documents = prepared  # `setdlm data prepare`'s copy of the same split
     elif source == "owt":
-        if os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1":
-            raise ValueError(
-                "references='owt' loads OpenWebText from the Hub, which is offline here; "
-                "use references='wikitext2'"
+        if hub_offline(datasets=True):
+            raise SettingError(
+                "references owt (--references owt) loads OpenWebText from the Hub, which is "
+                "offline here; use wikitext2 (offline copy)"
             )
         import datasets
 

@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from setdlm.errors import UserError
 from setdlm.files import atomic_write_json
 from setdlm.report.results import ResultPoint, Results, hardware_summary
 
@@ -51,7 +52,7 @@ ABOUT = (
 )
 
 
-class BaselineError(ValueError):
+class BaselineError(UserError, ValueError):
     """The baseline file is missing or malformed."""
 
 

@@ -6,10 +6,10 @@ missing folder or baseline, a result folder that breaks the layout).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+from setdlm.errors import ArgumentParser
 from setdlm.report.results import TASK_FIELDS, ResultLayoutError, load_results
 from setdlm.report.tables import TABLES
 
@@ -17,7 +17,7 @@ FIGURE_TASKS = tuple(TASK_FIELDS)  # every decoding task; likelihood has no spee
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="setdlm report", description="tables and Pareto figures from the result files"
     )
     commands = parser.add_subparsers(dest="what", required=True)
@@ -33,6 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     figures.add_argument(
         "--only", nargs="+", choices=FIGURE_TASKS, default=FIGURE_TASKS, help="these tasks only"
     )
+    for command in (tables, figures):
+        command.add_argument(
+            "--allow-empty",
+            action="store_true",
+            help="write even when the run has no finished result (the published numbers only)",
+        )
     args = parser.parse_args(argv)
     try:
         results = load_results(args.run_dir)
@@ -42,6 +48,18 @@ def main(argv: list[str] | None = None) -> int:
     # One folder per run, as the workflow keeps them: the tiny and paper runs never overwrite
     # each other's committed outputs.
     out = args.out or Path("results") / args.what / results.name
+    if not results.points and not args.allow_empty:
+        # Empty tables would replace the ones already there (committed ones included).
+        pending = ""
+        if results.unfinished:
+            listed = ", ".join(results.unfinished[:5])
+            pending = f" ({len(results.unfinished)} unfinished: {listed})"
+        print(
+            f"setdlm report: no finished results in {args.run_dir}{pending}; nothing "
+            f"written, {out} is left as it is (--allow-empty writes the published numbers alone)",
+            file=sys.stderr,
+        )
+        return 2
     if args.what == "tables":
         from setdlm.report.tables import write_tables
 
@@ -70,7 +88,7 @@ def check_main(argv: list[str] | None = None) -> int:
         write_baseline,
     )
 
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="setdlm check", description="compare a finished run's metrics with a baseline"
     )
     parser.add_argument("--baseline", type=Path, required=True, help="baseline JSON file")

@@ -14,11 +14,11 @@ difference and exits 1 on any; speed is never compared.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
+from setdlm.errors import ArgumentParser
 from setdlm.tracking.results import MODELS_FOLDER as MODELS
 from setdlm.tracking.results import TRAINED_MARKER
 
@@ -106,7 +106,7 @@ def compare_runs(left: Path, right: Path) -> tuple[int, list[str]]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="setdlm compare", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="setdlm compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("left", type=Path, help="a run folder (<results>/runs/<name>)")
     parser.add_argument("right", type=Path, help="another run folder of the same configuration")
     args = parser.parse_args(argv)

@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from setdlm.errors import UserError
+
 FAMILY_ORDER = ("ar", "mdlm", "bd3lm", "setdlm")
 FAMILY_TITLES = {"ar": "AR", "mdlm": "MDLM", "bd3lm": "BD3LM", "setdlm": "SetDLM"}
 # Folder task name -> the ``task`` field the evaluation writes into metrics.json.
@@ -33,7 +35,7 @@ MODEL_NAME = re.compile(r"^(?:(ar|mdlm)|(bd3lm)-s(\d+)|(setdlm)-smax(\d+))$")
 POINT_NAME = re.compile(r"^(?:default|tau-(.+))$")
 
 
-class ResultLayoutError(ValueError):
+class ResultLayoutError(UserError, ValueError):
     """A folder of the run does not follow the shared layout or contradicts its metrics.json."""
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import os
 import shlex
@@ -11,6 +10,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from setdlm.errors import ArgumentParser
 from setdlm.files import atomic_write_json
 from setdlm.tracking.record import run_record
 from setdlm.tracking.results import RESULTS_DIR_ENV, ResultError, find_results, results_root
@@ -31,7 +31,7 @@ else RESULTS_DIR itself."""
 
 
 def sync_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="setdlm sync", description=SYNC_HELP)
+    parser = ArgumentParser(prog="setdlm sync", description=SYNC_HELP)
     parser.add_argument("results_dir", type=Path, metavar="RESULTS_DIR")
     parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI")
     parser.add_argument(
@@ -109,7 +109,7 @@ def _failure_message(error, args, results_dir: Path, current: Path, uri: str) ->
 
 
 def ui_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="setdlm ui", description="Open the MLflow UI on the local tracking store."
     )
     parser.add_argument("--port", type=int, default=5000)

@@ -18,6 +18,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from setdlm.errors import UserError
+
 RUNS_FOLDER = "runs"
 ARTIFACTS_FOLDER = "mlartifacts"
 MODELS_FOLDER = "models"  # runs/<config>/models/<model>/: trained or fetched checkpoints
@@ -49,7 +51,7 @@ class ResultPoint:
         return [self.folder / name for name in ARTIFACT_FILES if (self.folder / name).is_file()]
 
 
-class ResultError(ValueError):
+class ResultError(UserError, ValueError):
     """A result file cannot be read."""
 
 

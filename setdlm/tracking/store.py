@@ -19,6 +19,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from setdlm.errors import UserError
 from setdlm.tracking.results import ARTIFACTS_FOLDER
 
 DEFAULT_STORE = "mlflow.db"
@@ -35,7 +36,7 @@ HTTP_DEFAULTS = {
 }
 
 
-class StoreUnavailable(RuntimeError):
+class StoreUnavailable(UserError, RuntimeError):
     """The tracking store cannot be reached or written."""
 
 
@@ -102,6 +103,7 @@ def open_client(store: Store):
         check_server(store.uri)
     database = sqlite_path(store.uri)
     if database is not None:
+        refuse_non_database(database)
         database.parent.mkdir(parents=True, exist_ok=True)
         kind = filesystem_type(database.parent)
         if kind in SHARED_FILESYSTEMS:
@@ -122,6 +124,23 @@ def open_client(store: Store):
     except Exception as error:
         raise StoreUnavailable(f"cannot use the tracking store {store.uri}: {error}") from error
     return client
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def refuse_non_database(database: Path) -> None:
+    """SQLite takes a file shorter than its header for an empty database and writes its schema
+    over it: a URI that names someone's file would destroy it."""
+    if database.is_dir():
+        raise StoreUnavailable(f"{database} is a folder, not an SQLite database file")
+    if database.is_file() and database.stat().st_size:
+        with open(database, "rb") as handle:
+            if handle.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
+                raise StoreUnavailable(
+                    f"{database} exists and is not an SQLite database: refusing to write an "
+                    "MLflow store over it (name a new file, or an existing mlflow.db)"
+                )
 
 
 def check_server(uri: str, timeout_seconds: float = HEALTH_TIMEOUT_SECONDS) -> None:

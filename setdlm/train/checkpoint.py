@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, load_model
 
+from setdlm.errors import UserError
 from setdlm.files import atomic_write_json, fsync_dir, sha256_file
 from setdlm.train.ema import copy_averaged_weights
 
@@ -41,7 +42,7 @@ EMA_FILE = "ema.safetensors"
 _FINAL_NAME = re.compile(r"step-\d{8,}")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint or its manifest is missing, malformed or does not match its hashes."""
 
 

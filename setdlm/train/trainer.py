@@ -32,6 +32,7 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from setdlm.core.outputs import LossOutput
+from setdlm.errors import UserError
 from setdlm.files import atomic_write_json, atomic_write_text
 from setdlm.train.checkpoint import latest_checkpoint
 from setdlm.train.config import TrainConfig
@@ -41,7 +42,7 @@ from setdlm.train.run import TrainingRun
 LOSSES_NAME = "losses.jsonl"
 
 
-class NonFiniteLossError(FloatingPointError):
+class NonFiniteLossError(UserError, FloatingPointError):
     """The loss or gradient norm became NaN/inf; the run stopped before applying the update."""
 
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from setdlm.errors import UserError
+from setdlm.validation import budget_errors, knob_errors, warmup_errors
 from setdlm.workflow import datasets
 from setdlm.workflow.layout import (
     DECODING_TASKS,
@@ -35,13 +37,12 @@ from setdlm.workflow.layout import (
 WORKFLOW_DIR = Path(__file__).resolve().parents[2] / "workflows"
 SCHEMA_PATH = WORKFLOW_DIR / "config" / "schema.yaml"
 MODELS_PATH = WORKFLOW_DIR / "config" / "models.yaml"
-NO_THRESHOLD = 1e6  # the paper's τ that commits exactly one token per forward
 # The TinySettings defaults the checks need (tests keep them equal to setdlm.tiny's; importing
 # setdlm.tiny here would load torch every time the DAG is built).
 TINY_DEFAULTS = {"length": 64, "hidden_size": 128, "n_heads": 4, "steps": 400, "warmup_steps": 20}
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     def __init__(self, errors: list[str], source: str = ""):
         self.errors = errors
         where = f" ({source})" if source else ""
@@ -56,7 +57,16 @@ def load_yaml(path: str | Path) -> Any:
 
 def load(path: str | Path, check_data: bool = True) -> dict:
     """A configuration file, validated, with defaults."""
-    return validate(load_yaml(path), source=str(path), check_data=check_data)
+    try:
+        raw = load_yaml(path)
+    except OSError as error:
+        raise ConfigError([f"cannot read it ({error.strerror or error})"], str(path)) from None
+    except yaml.YAMLError as error:
+        where = getattr(error, "problem_mark", None)
+        line = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+        problem = getattr(error, "problem", None) or error
+        raise ConfigError([f"not valid YAML{line}: {problem}"], str(path)) from None
+    return validate(raw, source=str(path), check_data=check_data)
 
 
 def load_published(path: str | Path = MODELS_PATH) -> dict:
@@ -126,6 +136,11 @@ def schema_errors(instance: Any, schema: dict) -> list[str]:
                 f"{key_path([*path, error.instance])}: not a model name "
                 f"(ar, mdlm, bd3lm-s<S>, setdlm-smax<M>)"
             )
+        elif "x-expected" in error.schema:  # a rule the command line shares: its words
+            message = f"{key_path(path)}: {error.instance!r} is not {error.schema['x-expected']}"
+            if _reads_as_number(error.instance):
+                message += " (YAML reads 1e6 as text; write 1.0e+6)"
+            errors.append(message)
         else:
             message = f"{key_path(path)}: {error.message}"
             if error.validator == "type" and _reads_as_number(error.instance):
@@ -310,6 +325,16 @@ def _task_errors(task: str, settings: dict, config: dict, published: dict) -> li
             )
     if task in DECODING_TASKS:
         errors += _threshold_errors(f"{where}.thresholds", settings["thresholds"])
+        errors += warmup_errors(
+            settings["warmup"], settings.get("limit"), f"{where}.warmup", f"{where}.limit"
+        )
+        if settings.get("max_new_tokens") is not None and not errors:
+            for name in settings["models"]:
+                if _has_checkpoint_for(models.get(name), task):
+                    length = model_length(config, published, name, task)
+                    errors += budget_errors(
+                        settings["max_new_tokens"], length, f"{where}.max_new_tokens ({name})"
+                    )
         for name, override in settings["overrides"].items():
             errors += _override_errors(name, override, task, config, published)
     if task == "unconditional":
@@ -318,14 +343,10 @@ def _task_errors(task: str, settings: dict, config: dict, published: dict) -> li
 
 
 def _threshold_errors(where: str, thresholds: list[float]) -> list[str]:
+    """Two τ that name one result folder (each τ's range is the schema's)."""
     errors, seen = [], {}
     for index, tau in enumerate(thresholds):
-        if not (0 < tau <= 1 or tau == NO_THRESHOLD):
-            errors.append(
-                f"{where}[{index}]: τ = {tau} is not a confidence in (0, 1] nor 1.0e+6 "
-                f"(no threshold)"
-            )
-        elif point_name(tau) in seen:
+        if point_name(tau) in seen:
             errors.append(
                 f"{where}[{index}]: τ = {tau} gives the same result folder "
                 f"{point_name(tau)} as {where}[{seen[point_name(tau)]}]"
@@ -334,24 +355,28 @@ def _threshold_errors(where: str, thresholds: list[float]) -> list[str]:
     return errors
 
 
+def _has_checkpoint_for(entry: dict | None, task: str) -> bool:
+    """Whether a model entry gives a model for this task (trained here, or a checkpoint of
+    the task's domain); the other cases are reported with the task's model list."""
+    if entry is None:
+        return False
+    return "train" in entry or TASK_DOMAIN[task] in entry.get("checkpoint", {})
+
+
 def _override_errors(name: str, override: dict, task: str, config: dict, published: dict):
     where = f"tasks.{task}.overrides.{name}"
     if name not in config["tasks"][task]["models"]:
         return [f"{where}: {name!r} is not one of tasks.{task}.models"]
     entry = config["models"].get(name)
-    if entry is None or ("checkpoint" in entry and TASK_DOMAIN[task] not in entry["checkpoint"]):
+    if not _has_checkpoint_for(entry, task):
         return []  # reported with the models list
     family = entry["family"]
     errors = _threshold_errors(f"{where}.thresholds", override.get("thresholds", []))
-    if "window" in override and family != "setdlm":
-        errors.append(f"{where}.window: only SetDLM has a decoding window ({name} is {family})")
-    if "block_size" in override:
+    knobs = {knob: override.get(knob) for knob in ("window", "block_size")}
+    errors += knob_errors(family, knobs, where + ".{knob}", name)
+    if "block_size" in override and not errors:
         length = model_length(config, published, name, task)
-        if family not in ("mdlm", "bd3lm"):
-            errors.append(
-                f"{where}.block_size: only MDLM and BD3LM decode in blocks ({name} is {family})"
-            )
-        elif length % override["block_size"]:
+        if length % override["block_size"]:
             errors.append(
                 f"{where}.block_size: {override['block_size']} does not divide the model "
                 f"length {length}"

@@ -11,15 +11,15 @@ with ``SETDLM_DATA_DIR=DIR`` and it reads exactly the files the manifest lists.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+from setdlm.errors import ArgumentParser
 from setdlm.workflow import datasets
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="setdlm data", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="setdlm data", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     prepare = commands.add_parser("prepare", help="copy or fetch one dataset")
     prepare.add_argument("--dataset", required=True, choices=sorted(datasets.DATASETS))

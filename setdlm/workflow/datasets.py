@@ -32,6 +32,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from setdlm.errors import DataError
 from setdlm.files import atomic_write_json, atomic_write_text, fsync_dir, sha256_file
 from setdlm.scheduler import current_job
 
@@ -217,6 +218,11 @@ def write_manifest(out: Path) -> dict:
 
 def verify(out: Path) -> list[str]:
     """Problems with the prepared files against ``out/manifest.json`` (empty: all match)."""
+    if not (out / MANIFEST).is_file():
+        raise DataError(
+            f"{out / MANIFEST} does not exist: {out} is not a prepared data folder "
+            "(`setdlm data manifest FOLDER` writes one)"
+        )
     manifest = json.loads((out / MANIFEST).read_text())
     problems = []
     for entry in manifest["files"]:

@@ -12,11 +12,11 @@ and GPU model; reinstalling refuses to overwrite it unless ``--force``.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 from pathlib import Path
 
+from setdlm.errors import ArgumentParser
 from setdlm.workflow.config import WORKFLOW_DIR
 
 PROFILES_DIR = WORKFLOW_DIR / "profiles"
@@ -44,7 +44,7 @@ def install(name: str, dest: Path | None = None, force: bool = False) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="setdlm profile", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="setdlm profile", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     install_parser = commands.add_parser("install", help="copy a profile into a config folder")
     install_parser.add_argument("name", choices=available())

@@ -23,13 +23,13 @@ snapshot and every file's sha256. Evaluations then load it from the cache by key
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
 import time
 from pathlib import Path
 
+from setdlm.errors import ArgumentParser
 from setdlm.files import atomic_write_json, sha256_file
 from setdlm.scheduler import current_job
 from setdlm.train.preemption import EXIT_PREEMPTED, Preempted
@@ -40,7 +40,7 @@ TRAINED_MARKER = "checkpoint.json"
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="setdlm train", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="setdlm train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, required=True, help="workflow configuration")
     parser.add_argument("--model", required=True, help="a model name under `models`")
     parser.add_argument("--out", type=Path, required=True, help="the model's folder")

@@ -1,0 +1,37 @@
+"""Whether a Hugging Face Hub model can be loaded here, asked before hours of work need it.
+
+With the Hub offline (``HF_HUB_OFFLINE``, as on development and CI machines), a Hub id loads
+only from the local cache; a scorer that is neither a folder nor cached would fail only after
+every sample was generated, with a long Hugging Face traceback. Callers ask first and name the
+option that avoids it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TRUE = ("1", "true", "yes", "on")
+
+
+def hub_offline(datasets: bool = False) -> bool:
+    """Whether the Hub is switched off for models (or, with ``datasets``, for data sets)."""
+    variables = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if datasets else ("HF_HUB_OFFLINE",)
+    return any(os.environ.get(name, "").lower() in TRUE for name in variables)
+
+
+def loadable_offline(name: str) -> bool:
+    """A model folder, or a Hub id whose config is in the local cache."""
+    if Path(name).expanduser().is_dir():
+        return True
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except ValueError:  # not even a valid repository id
+        return False
+
+
+def unreachable(name: str) -> bool:
+    """Whether loading ``name`` must fail here: the Hub is offline and nothing local has it."""
+    return hub_offline() and not loadable_offline(name)

@@ -1,0 +1,168 @@
+"""One set of rules for every setting a user gives, on the command line or in a configuration.
+
+The value rules live in the workflow schema (workflows/config/schema.yaml): a command-line
+option names the schema node it obeys (``option("$defs/threshold")``), so ``--threshold 0``
+and ``thresholds: [0]`` are refused by the same rule with the same words. The rules between
+settings, or between a setting and the model (a warm-up that leaves nothing to time, a budget
+past the model length, a knob the family does not have), are the functions below; the
+workflow's semantic checks and the command lines both call them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from setdlm.errors import UserError
+
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflows" / "config" / "schema.yaml"
+# Decoding knobs, the families that have them, and what to say to the others.
+KNOBS = {
+    "window": (("setdlm",), "only SetDLM has a decoding window"),
+    "block_size": (("mdlm", "bd3lm"), "only MDLM and BD3LM decode in blocks"),
+}
+
+
+class SettingError(UserError, ValueError):
+    """A setting out of its range or in contradiction with another one or with the model."""
+
+
+@functools.cache
+def schema() -> dict:
+    with open(SCHEMA_PATH, encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def node(pointer: str) -> dict:
+    """The schema node at a slash-separated path ("$defs/override/properties/window")."""
+    value = schema()
+    for part in pointer.split("/"):
+        value = value[part]
+    return resolved(value)
+
+
+def resolved(value: dict) -> dict:
+    ref = value.get("$ref")
+    return node(ref.removeprefix("#/")) if ref else value
+
+
+def expectation(rule: dict) -> str:
+    """What a value obeying ``rule`` looks like, in words ("an integer >= 1")."""
+    rule = resolved(rule)
+    if "x-expected" in rule:
+        return rule["x-expected"]
+    if "enum" in rule:
+        return "one of " + ", ".join(map(str, rule["enum"]))
+    types = rule.get("type", [])
+    types = [t for t in ([types] if isinstance(types, str) else types) if t != "null"]
+    noun = {"integer": "an integer", "number": "a number", "boolean": "true or false"}.get(
+        types[0] if types else "", "a value"
+    )
+    bounds = [
+        f"{sign} {_show(rule[key])}"
+        for key, sign in (
+            ("minimum", ">="),
+            ("exclusiveMinimum", ">"),
+            ("maximum", "<="),
+            ("exclusiveMaximum", "<"),
+        )
+        if key in rule
+    ]
+    return " ".join([noun, " and ".join(bounds)]).strip()
+
+
+def value_errors(value: Any, rule: dict, where: str) -> list[str]:
+    """``["<where>: <value> is not <expectation>"]`` if ``value`` breaks ``rule``."""
+    from jsonschema import Draft202012Validator
+
+    # The rule may refer to shared definitions: validate it with them beside it.
+    checked = {"$defs": schema()["$defs"], **resolved(rule)}
+    if Draft202012Validator(checked).is_valid(value):
+        return []
+    return [f"{where}: {value!r} is not {expectation(rule)}"]
+
+
+def option(pointer: str):
+    """An argparse ``type=`` that parses text as the schema node at ``pointer`` says and
+    refuses what the node refuses, in the schema's words."""
+    rule = node(pointer)
+    types = rule.get("type", "number")
+    types = [types] if isinstance(types, str) else types
+
+    def parse(text: str):
+        try:
+            value = int(text) if "integer" in types and "number" not in types else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {expectation(rule)}") from None
+        if isinstance(value, float) and value.is_integer() and "integer" in types:
+            value = int(value)
+        if not (isinstance(value, float) and not math.isfinite(value)) and not value_errors(
+            value, rule, ""
+        ):
+            return value
+        raise argparse.ArgumentTypeError(f"{text!r} is not {expectation(rule)}")
+
+    parse.__name__ = pointer.rsplit("/", 1)[-1]  # argparse names the type in some messages
+    return parse
+
+
+# The options several commands share, by the schema node (workflows/config/schema.yaml) they obey.
+SEED = option("$defs/gsm8k/properties/seed")
+BATCH_SIZE = option("$defs/override/properties/batch_size")
+LIMIT = option("$defs/gsm8k/properties/limit")
+THRESHOLD = option("$defs/threshold")
+WINDOW = option("$defs/override/properties/window")
+BLOCK_SIZE = option("$defs/override/properties/block_size")
+WARMUP = option("$defs/gsm8k/properties/warmup")
+NEW_TOKENS = option("$defs/gsm8k/properties/max_new_tokens")
+THREADS = option("$defs/resources/properties/cpus")
+COUNT = option("$defs/count")
+
+
+# --------------------------------------------------------------------- rules between settings
+def warmup_errors(warmup: int, limit: int | None, where: str, limit_where: str) -> list[str]:
+    """Untimed warm-up examples must leave at least one example to time."""
+    if limit is not None and warmup >= limit:
+        return [
+            f"{where}: {warmup} untimed warm-up example(s) leave none of the {limit} examples "
+            f"({limit_where}) to time; expected fewer than {limit} (0 times every example)"
+        ]
+    return []
+
+
+def knob_errors(family: str, knobs: dict[str, Any], where: str, name: str) -> list[str]:
+    """Decoding knobs the family does not have (a SetDLM window on AR, ...); ``where`` is a
+    format string with ``{knob}`` (block_size) or ``{flag}`` (block-size)."""
+    errors = []
+    for knob, value in knobs.items():
+        families, message = KNOBS[knob]
+        if value is not None and family not in families:
+            place = where.format(knob=knob, flag=knob.replace("_", "-"))
+            errors.append(f"{place}: {message} ({name} is {family})")
+    return errors
+
+
+def budget_errors(
+    max_new_tokens: int | None, length: int, where: str, prompt_tokens: int = 1
+) -> list[str]:
+    """A generation budget must fit in the model beside its prompt (at least one token)."""
+    if max_new_tokens is not None and prompt_tokens + max_new_tokens > length:
+        return [
+            f"{where}: {max_new_tokens} new tokens after a {prompt_tokens}-token prompt do not "
+            f"fit in a model of length {length}; expected at most {length - prompt_tokens}"
+        ]
+    return []
+
+
+def raise_for(errors: list[str]) -> None:
+    if errors:
+        raise SettingError("; ".join(errors))
+
+
+def _show(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
