@@ -205,6 +205,8 @@ def load_model(folder: str | Path) -> Family:
         config = json.loads(config_path.read_text())
     except json.JSONDecodeError as error:
         raise CheckpointError(f"{config_path}: not valid JSON ({error})") from error
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{config_path}: expected a JSON object, got {type(config).__name__}")
     if config.get("format") != MODEL_FORMAT:
         return load_official(folder)
     try:

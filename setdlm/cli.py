@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from setdlm.errors import ArgumentParser, report
+from setdlm.paths import DataNotFoundError
 from setdlm.validation import (
     BATCH_SIZE,
     BLOCK_SIZE,
@@ -17,6 +18,7 @@ from setdlm.validation import (
     THRESHOLD,
     WINDOW,
     SettingError,
+    block_errors,
     budget_errors,
     knob_errors,
     option,
@@ -87,7 +89,9 @@ def _main(argv: list[str]) -> int:
     )
     generate.add_argument("model", help="folder, key (gsm8k:setdlm-smax8) or Hub id")
     generate.add_argument("--prompt", required=True)
-    generate.add_argument("--max-new-tokens", type=NEW_TOKENS, default=64)
+    generate.add_argument(
+        "--max-new-tokens", type=NEW_TOKENS, default=None, help="default: 64, or what fits"
+    )
     generate.add_argument("--threshold", type=THRESHOLD, default=1e6, help="confidence τ")
     generate.add_argument("--window", type=WINDOW, default=None, help="SetDLM W")
     generate.add_argument(
@@ -169,6 +173,8 @@ def _parity(args) -> int:
     from setdlm.parity import check_case, check_schedules, fixture_cases
 
     folder = args.folder
+    if not folder.is_dir():
+        raise DataNotFoundError(f"{folder} is not a folder (expected official-parity fixtures)")
     cases = [folder] if (folder / "reference.json").exists() else fixture_cases(folder)
     schedules = folder / "noise_schedules.json"
     if not cases and not schedules.exists():
@@ -228,16 +234,26 @@ def _generate(args) -> int:
     loaded = load_pretrained(args.model)
     family, length = loaded.model.config.family, loaded.model.config.length
     knobs = {"window": args.window, "block_size": args.block_size}
-    raise_for(knob_errors(family, knobs, "--{flag}", args.model))
+    raise_for(
+        knob_errors(family, knobs, "--{flag}", args.model)
+        + block_errors(args.block_size, length, "--block-size")
+    )
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else load_tokenizer_for(loaded)
     spec = loaded.spec
     prompt = tokenizer.encode(args.prompt, add_special_tokens=False)
     if not args.no_bos and tokenizer.bos_token_id is not None:
         prompt = [tokenizer.bos_token_id, *prompt]
-    raise_for(budget_errors(args.max_new_tokens, length, "--max-new-tokens", len(prompt)))
+    if len(prompt) >= length:
+        raise SettingError(
+            f"--prompt: {len(prompt)} tokens leave no room in a model of length {length}; "
+            f"expected at most {length - 1}"
+        )
+    # By default as many new tokens as fit, at most 64.
+    budget = args.max_new_tokens or min(64, length - len(prompt))
+    raise_for(budget_errors(budget, length, "--max-new-tokens", len(prompt)))
     default_block = spec.mdlm_block if spec is not None else None
     config = DecodeConfig(
-        max_new_tokens=args.max_new_tokens,
+        max_new_tokens=budget,
         confidence_threshold=args.threshold,
         window=args.window or (spec.window if spec is not None else None),
         block_size=args.block_size

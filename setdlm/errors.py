@@ -34,6 +34,13 @@ def report(command: str, run) -> int:
             raise
         print(f"{command}: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as error:
+        # A path the user gave that cannot be read or written (not a folder, no permission,
+        # disk full): the path and the reason are the message. Other OS errors are bugs.
+        if error.filename is None or os.environ.get(TRACEBACK_ENV):
+            raise
+        print(f"{command}: {error.filename}: {error.strerror or error}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"{command}: interrupted; finished work is kept, rerun to resume", file=sys.stderr)
         return EXIT_INTERRUPTED

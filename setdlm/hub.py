@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from setdlm.errors import UserError
+
 TRUE = ("1", "true", "yes", "on")
 
 
@@ -35,3 +37,25 @@ def loadable_offline(name: str) -> bool:
 def unreachable(name: str) -> bool:
     """Whether loading ``name`` must fail here: the Hub is offline and nothing local has it."""
     return hub_offline() and not loadable_offline(name)
+
+
+def load_hub_dataset(path: str, *args, instead: str, **kwargs):
+    """``datasets.load_dataset(path, ...)``, or a message naming the data set and what to use
+    ``instead`` when the Hub cannot be reached (offline here, or the network is down)."""
+    if hub_offline(datasets=True):
+        raise HubUnreachable(
+            f"{path} comes from the Hugging Face Hub, which is offline here (HF_HUB_OFFLINE / "
+            f"HF_DATASETS_OFFLINE); {instead}"
+        )
+    import datasets
+
+    try:
+        return datasets.load_dataset(path, *args, **kwargs)
+    except ConnectionError as error:
+        raise HubUnreachable(
+            f"{path}: the Hugging Face Hub does not answer ({error}); {instead}"
+        ) from None
+
+
+class HubUnreachable(UserError, ConnectionError):
+    """A data set or model that only the Hub has, and the Hub cannot be reached."""

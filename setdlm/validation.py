@@ -159,6 +159,13 @@ def budget_errors(
     return []
 
 
+def block_errors(block_size: int | None, length: int, where: str) -> list[str]:
+    """Decoding blocks tile the model's length."""
+    if block_size is not None and length % block_size:
+        return [f"{where}: {block_size} does not divide the model length {length}"]
+    return []
+
+
 def raise_for(errors: list[str]) -> None:
     if errors:
         raise SettingError("; ".join(errors))

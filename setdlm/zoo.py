@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from setdlm.hub import hub_offline
+from setdlm.paths import DataNotFoundError
+
 ORG = "kuleshov-group"
 # What each task's checkpoints were trained with (SPEC 4): model length, tokenizer, mask token,
 # the MDLM decoding block of the paper's scripts, and whether chunks start with a kept BOS.
@@ -163,6 +166,8 @@ def load_pretrained(name: str, revision: str | None = None) -> Loaded:
     folder = Path(name).expanduser()
     if folder.is_dir():
         return Loaded(load_model(folder), None, folder)
+    if name.startswith((".", "/", "~")):
+        raise CheckpointError(f"{name}: no such model folder")
     spec = resolve(name)
     if spec is None and name.count("/") != 1:
         raise CheckpointError(
@@ -188,15 +193,27 @@ def load_tokenizer_for(loaded: Loaded):
     ):
         return load_tokenizer(loaded.folder)
     if loaded.spec is None:
-        raise FileNotFoundError(f"{loaded.folder} ships no tokenizer; pass one explicitly")
+        raise DataNotFoundError(
+            f"{loaded.folder} ships no tokenizer; pass one with --tokenizer FOLDER_OR_HUB_ID"
+        )
     return load_tokenizer(loaded.spec.tokenizer)
 
 
 def _download(repo_id: str, revision: str | None) -> str:
     from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
+
+    from setdlm.checkpoints import CheckpointError
 
     patterns = ["*.json", "*.safetensors", "pytorch_model.bin", "*.txt", "*.model", "*/config.json"]
-    return snapshot_download(repo_id, revision=revision, allow_patterns=patterns)
+    try:
+        return snapshot_download(repo_id, revision=revision, allow_patterns=patterns)
+    except (HFValidationError, HfHubHTTPError, LocalEntryNotFoundError) as error:
+        where = "not in the local cache and the Hub is offline" if hub_offline() else str(error)
+        raise CheckpointError(
+            f"{repo_id}: cannot get it from the Hugging Face Hub ({where.splitlines()[0]}); "
+            "give a model folder instead"
+        ) from None
 
 
 def apply_published_settings(model, spec: PublishedModel):

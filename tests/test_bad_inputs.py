@@ -69,6 +69,11 @@ def _broken_models(models: Path) -> None:
     shutil.copytree(models / "ar", models / "truncated")
     weights = models / "truncated" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    shutil.copytree(models / "ar", models / "a-list")
+    (models / "a-list" / "config.json").write_text("[1]")
+    shutil.copytree(models / "ar", models / "no-tokenizer")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (models / "no-tokenizer" / name).unlink()
     shutil.copytree(models / "ar", models / "unknown-key")
     config = json.loads((models / "ar" / "config.json").read_text())
     config["model"]["colour"] = "blue"
@@ -248,6 +253,33 @@ CASES = [
         GENERATE + " --tokenizer {scratch}/no-tokenizer",
         ("no-tokenizer",),
     ),
+    Bad("model-config-a-list", "generate {models}/a-list --prompt hi", ("config.json", "object")),
+    Bad(
+        "model-without-tokenizer",
+        "generate {models}/no-tokenizer --prompt hi",
+        ("no-tokenizer", "--tokenizer"),
+    ),
+    Bad("model-path-missing", "generate ./no/such/model --prompt hi", ("no such model folder",)),
+    Bad(
+        "lm-eval-model-missing",
+        "lm-eval --model setdlm --model_args pretrained=/no/such/model --tasks gsm8k --limit 1",
+        ("/no/such/model",),
+    ),
+    Bad(
+        "generate-block-not-dividing",
+        "generate {models}/mdlm --prompt hi --block-size 7",
+        ("--block-size", "does not divide", "64"),
+    ),
+    Bad(
+        "eval-block-not-dividing",
+        EVAL.replace("/ar", "/bd3lm") + " --block-size 5",
+        ("--block-size", "does not divide"),
+    ),
+    Bad(
+        "generate-prompt-too-long",
+        "generate {models}/ar --prompt '" + "word " * 80 + "'",
+        ("--prompt", "no room"),
+    ),
     # -------------------------------------------------------------------------- data files
     Bad("gsm8k-empty-file", EVAL, ("gsm8k", "test.jsonl", "no"), {"data": "empty-gsm8k"}),
     Bad("gsm8k-bad-line", EVAL, ("test.jsonl:2", "JSON"), {"data": "bad-line-gsm8k"}),
@@ -263,7 +295,33 @@ CASES = [
         "data verify {data}/no-manifest",
         ("no-manifest", "manifest"),
     ),
+    Bad(
+        "data-prepare-missing-dir",
+        "data prepare --dataset gsm8k --source dir --data-dir {scratch}/none --out {scratch}/d",
+        ("data.sources.gsm8k", "none"),
+    ),
+    Bad(
+        "data-prepare-hub-offline",
+        "data prepare --dataset gsm8k --source hub --out {scratch}/d",
+        ("openai/gsm8k", "offline", "--source dir"),
+    ),
+    Bad(
+        "likelihood-owt-offline",
+        "eval likelihood --model {models}/ar --out {scratch}/l --data owt",
+        ("openwebtext", "offline", "wikitext2"),
+    ),
+    Bad("parity-missing-folder", "parity {scratch}/fixtures", ("fixtures", "not a folder")),
     # ------------------------------------------------------------------- result folders
+    Bad(
+        "eval-out-under-a-file",
+        EVAL.replace("{scratch}/out", "{baselines}/not-json.json/out"),
+        ("not-json.json/out", "Not a directory"),
+    ),
+    Bad(
+        "lm-eval-tasks-onto-a-file",
+        "lm-eval-tasks {baselines}/not-json.json",
+        ("not-json.json", "exists"),
+    ),
     Bad(
         "eval-into-another-configs-folder",
         "eval gsm8k --model {models}/ar --out {results}/runs/done/gsm8k/ar/default --limit 2 "
@@ -324,6 +382,8 @@ CASES = [
         {"MLFLOW_TRACKING_URI": "bogus://env"},
     ),
     Bad("sync-missing-results", "sync {scratch}/nothing", ("nothing",)),
+    Bad("ui-port-negative", "ui --port -1 --dry-run", ("--port", "65535")),
+    Bad("ui-port-too-large", "ui --port 70000 --dry-run", ("--port", "65535")),
     # ---------------------------------------------------------------- workflow configuration
     Bad("config-missing", TRAIN + "none.yaml", ("none.yaml",)),
     Bad("config-not-yaml", TRAIN + "not-yaml.yaml", ("not-yaml.yaml", "YAML")),

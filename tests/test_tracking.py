@@ -7,6 +7,7 @@ into a store of its own (SQLite, or a real ``mlflow server`` on localhost).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -482,3 +483,57 @@ def test_a_store_on_a_shared_filesystem_is_recognized(tmp_path):
     assert filesystem_type(Path("/shared/results"), mounts) == "nfs4"
     assert filesystem_type(Path("/shared/local disk/results"), mounts) == "ext4"
     assert filesystem_type(Path("/sharedx/results"), mounts) == "ext4"
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.slow
+def test_stopping_setdlm_ui_stops_the_mlflow_server_and_its_workers(results, tmp_path):
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    ui = subprocess.Popen(
+        [str(Path(sys.executable).with_name("setdlm")), "ui", "--results", str(results)]
+        + ["--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not _answers(f"http://127.0.0.1:{port}/health"):
+            assert ui.poll() is None, "setdlm ui ended before its server answered"
+            assert time.monotonic() < deadline, "the MLflow UI never answered"
+            time.sleep(0.5)
+        ui.send_signal(signal.SIGTERM)  # what a terminal closing or `kill` sends
+        assert ui.wait(timeout=60) == 0
+        deadline = time.monotonic() + 30
+        while _listening(port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _listening(port), f"something still listens on {port} after setdlm ui ended"
+    finally:
+        if ui.poll() is None:
+            os.killpg(ui.pid, signal.SIGKILL)
+            ui.wait()
+        _kill_servers_on(port)  # whatever outlived it, so that the suite leaves nothing running
+
+
+def _kill_servers_on(port: int) -> None:
+    import psutil
+
+    for process in psutil.process_iter(["cmdline"]):
+        command = " ".join(process.info["cmdline"] or [])
+        if "mlflow" in command and str(port) in command:
+            with contextlib.suppress(psutil.Error):
+                process.kill()

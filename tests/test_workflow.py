@@ -318,6 +318,9 @@ def test_hub_sources_are_written_in_the_mirror_format(tmp_path, monkeypatch):
         "load_dataset",
         lambda hub_id, config=None, split=None: hf_datasets.Dataset.from_list(fake[hub_id]),
     )
+    # The Hub "answers" (load_dataset is the fake above): the offline refusal does not apply.
+    for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(variable, raising=False)
     out = tmp_path / "data"
     for name in ("cnn_dailymail", "wikitext2", "lm1b"):
         part = datasets.prepare(name, "hub", out, None, log=lambda *_: None)

@@ -15,6 +15,7 @@ from typing import NamedTuple
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from setdlm.hub import load_hub_dataset
 from setdlm.paths import data_dir, data_path
 
 WIKITEXT_HUB_ID = ("wikitext", "wikitext-2-raw-v1")
@@ -47,9 +48,8 @@ def read_wikitext2_lines(split: str = "test") -> list[str]:
     if data_dir() is not None:
         text = data_path("wikitext2", _WIKITEXT_FILES[split]).read_text(encoding="utf-8")
     else:
-        import datasets  # imported here: the offline path never needs it
-
-        rows = datasets.load_dataset(*WIKITEXT_HUB_ID, split=split)["text"]
+        instead = "set SETDLM_DATA_DIR to the offline data folder (e.g. ../shared/data)"
+        rows = load_hub_dataset(*WIKITEXT_HUB_ID, split=split, instead=instead)["text"]
         text = "".join(rows)
     return [line for line in text.splitlines() if line.strip()]
 

@@ -40,6 +40,7 @@ from setdlm.eval.generated_text import flag_counts, output_flags, text_before_eo
 from setdlm.eval.rouge import RougeScorer, RougeSettings, aggregate_rouge
 from setdlm.eval.runner import Example, Task
 from setdlm.files import sha256_file
+from setdlm.hub import load_hub_dataset
 from setdlm.paths import data_dir, data_path
 
 HUB_DATASET = ("abisee/cnn_dailymail", "3.0.0")
@@ -127,9 +128,8 @@ def load_test_articles() -> list[Article]:
     """The test articles in dataset order, from the local mirror or the Hub."""
     if data_dir() is not None:
         return read_articles_jsonl(offline_file())
-    import datasets  # only the Hub path needs it
-
-    rows = datasets.load_dataset(*HUB_DATASET, split="test")
+    instead = "set SETDLM_DATA_DIR to the offline data folder (e.g. ../shared/data)"
+    rows = load_hub_dataset(*HUB_DATASET, split="test", instead=instead)
     return [Article(r["id"], r["article"], r["highlights"]) for r in rows]
 
 

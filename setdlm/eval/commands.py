@@ -23,6 +23,7 @@ from setdlm.validation import (
     WARMUP,
     WINDOW,
     SettingError,
+    block_errors,
     budget_errors,
     knob_errors,
     option,
@@ -173,6 +174,7 @@ def check_arguments(args: argparse.Namespace, family: str, length: int) -> None:
     errors = warmup_errors(args.warmup, args.limit, "--warmup", "--limit")
     knobs = {"window": args.window, "block_size": args.block_size}
     errors += knob_errors(family, knobs, "--{flag}", args.model)
+    errors += block_errors(args.block_size, length, "--block-size")
     errors += budget_errors(getattr(args, "max_new_tokens", None), length, "--max-new-tokens")
     raise_for(errors)
 

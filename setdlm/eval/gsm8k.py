@@ -32,6 +32,7 @@ from setdlm.core.decoding import DecodeConfig
 from setdlm.data.jsonl import read_jsonl
 from setdlm.errors import DataError
 from setdlm.eval.runner import Example, Task
+from setdlm.hub import load_hub_dataset
 from setdlm.paths import data_dir, data_path
 from setdlm.validation import SettingError
 
@@ -97,9 +98,8 @@ def load_gsm8k(split: str = "test", source: str = "auto", limit: int | None = No
         rows = [row for _, row in numbered]
         places = [f"{path}:{number}" for number, _ in numbered]  # file and line
     elif source == "hub":
-        import datasets  # the offline path never needs it
-
-        rows = datasets.load_dataset(HUB_ID, HUB_CONFIG, split=split)
+        instead = "set SETDLM_DATA_DIR to the offline data folder (e.g. ../shared/data)"
+        rows = load_hub_dataset(HUB_ID, HUB_CONFIG, split=split, instead=instead)
         rows = rows.select(range(min(limit, len(rows)))) if limit is not None else rows
         path = f"{HUB_ID} ({HUB_CONFIG}, {split})"
         places = [f"{path}, row {index}" for index in range(len(rows))]

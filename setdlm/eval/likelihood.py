@@ -23,6 +23,7 @@ from setdlm.eval.fingerprint import hardware, run_provenance, sample_provenance,
 from setdlm.eval.records import SampleLog, config_hash, example_seed
 from setdlm.eval.runner import finished_metrics
 from setdlm.files import atomic_write_json
+from setdlm.hub import load_hub_dataset
 from setdlm.likelihood import sequence_terms, summarize
 from setdlm.paths import data_dir
 
@@ -49,12 +50,13 @@ def heldout_documents(name: str) -> list[str]:
     prepared = prepared_documents(name)
     if prepared is not None:
         return prepared
-    import datasets
-
+    instead = f"prepare a copy (`setdlm data prepare --dataset {name}`) or use wikitext2"
     if name == "owt":  # the official valid split: the last 100k training documents
-        return datasets.load_dataset("Skylion007/openwebtext", split="train[-100000:]")["text"]
+        return load_hub_dataset(
+            "Skylion007/openwebtext", split="train[-100000:]", instead=instead
+        )["text"]
     if name == "lm1b":
-        return datasets.load_dataset("lm1b", split="test")["text"]
+        return load_hub_dataset("lm1b", split="test", instead=instead)["text"]
     raise ValueError(f"unknown held-out set {name!r}; choose from {HELDOUT_SETS}")
 
 

@@ -73,7 +73,7 @@ from setdlm.eval.timing import (
     reset_peak_memory,
     synchronized_timer,
 )
-from setdlm.hub import hub_offline, unreachable
+from setdlm.hub import hub_offline, load_hub_dataset, unreachable
 from setdlm.validation import SettingError
 
 TEXT_PROTOCOLS = {
@@ -434,14 +434,10 @@ def load_reference_pool(
     elif source == "owt" and (prepared := prepared_documents("owt")) is not None:
         documents = prepared  # `setdlm data prepare`'s copy of the same split
     elif source == "owt":
-        if hub_offline(datasets=True):
-            raise SettingError(
-                "references owt (--references owt) loads OpenWebText from the Hub, which is "
-                "offline here; use wikitext2 (offline copy)"
-            )
-        import datasets
-
-        split = datasets.load_dataset(OWT_HUB_ID, split=OWT_VALID_SPLIT, revision=revision)
+        instead = "use the references wikitext2 (--references wikitext2; offline copy)"
+        split = load_hub_dataset(
+            OWT_HUB_ID, split=OWT_VALID_SPLIT, revision=revision, instead=instead
+        )
         documents = split["text"]
     else:
         raise ValueError(f"reference source {source!r} is not one of {sorted(REFERENCE_SOURCES)}")

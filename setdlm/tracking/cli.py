@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from dataclasses import asdict
@@ -21,6 +23,7 @@ from setdlm.tracking.store import (
     sqlite_path,
     writer_lock,
 )
+from setdlm.validation import option
 
 SYNC_HELP = """Mirror the finished results under RESULTS_DIR into MLflow: one experiment per task,
 one run per point (identified by its config hash), params, metrics, tags and artifacts.
@@ -112,7 +115,7 @@ def ui_main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(
         prog="setdlm ui", description="Open the MLflow UI on the local tracking store."
     )
-    parser.add_argument("--port", type=int, default=5000)
+    parser.add_argument("--port", type=option("$defs/port"), default=5000)
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on")
     parser.add_argument("--tracking-uri", default=None, help="default: the results' SQLite store")
     parser.add_argument(
@@ -148,7 +151,35 @@ def ui_main(argv: list[str] | None = None) -> int:
             return 1
     # Background job execution is not used here and costs memory.
     env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}
+    return serve_until_stopped(command, env)
+
+
+def serve_until_stopped(command: list[str], env: dict) -> int:
+    """Run the server in its own process group and stop the whole group (its workers too)
+    when this process is stopped: Ctrl-C, SIGTERM or SIGHUP, or any error here."""
+    server = subprocess.Popen(command, env=env, start_new_session=True)
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        return subprocess.run(command, env=env).returncode
+        return server.wait()
     except KeyboardInterrupt:
         return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _stop_group(server)
+
+
+def _stop_group(process: subprocess.Popen, grace_seconds: float = 10) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=grace_seconds)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)  # workers that outlived their parent
+    process.wait()

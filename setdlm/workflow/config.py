@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from setdlm.errors import UserError
-from setdlm.validation import budget_errors, knob_errors, warmup_errors
+from setdlm.validation import block_errors, budget_errors, knob_errors, warmup_errors
 from setdlm.workflow import datasets
 from setdlm.workflow.layout import (
     DECODING_TASKS,
@@ -376,11 +376,7 @@ def _override_errors(name: str, override: dict, task: str, config: dict, publish
     errors += knob_errors(family, knobs, where + ".{knob}", name)
     if "block_size" in override and not errors:
         length = model_length(config, published, name, task)
-        if length % override["block_size"]:
-            errors.append(
-                f"{where}.block_size: {override['block_size']} does not divide the model "
-                f"length {length}"
-            )
+        errors += block_errors(override["block_size"], length, f"{where}.block_size")
     return errors
 
 

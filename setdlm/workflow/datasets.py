@@ -34,6 +34,8 @@ from pathlib import Path
 
 from setdlm.errors import DataError
 from setdlm.files import atomic_write_json, atomic_write_text, fsync_dir, sha256_file
+from setdlm.hub import load_hub_dataset
+from setdlm.paths import DataNotFoundError
 from setdlm.scheduler import current_job
 
 MANIFEST = "manifest.json"
@@ -116,7 +118,7 @@ def prepare(name: str, kind: str, out: Path, data_dir: Path | None, log=print) -
     if kind == "dir":
         source = source_file(name, data_dir)
         if source is None:
-            raise FileNotFoundError(
+            raise DataNotFoundError(
                 f"data.sources.{name} = dir: none of {list(dataset.files)} is in "
                 f"{data_dir / dataset.folder}"
             )
@@ -162,10 +164,10 @@ def _copy(source: Path, target: Path) -> None:
 
 
 def _from_hub(name: str, dataset: Dataset, target: Path) -> dict:
-    import datasets  # only the Hub path needs it
-
     hub_id, config, split = dataset.hub
-    rows = datasets.load_dataset(hub_id, config, split=split)
+    rows = load_hub_dataset(
+        hub_id, config, split=split, instead=f"use data.sources.{name}: dir (--source dir)"
+    )
     if name == "wikitext2":  # the mirror's format: the raw text with blank lines dropped
         lines = [line for line in "".join(rows["text"]).splitlines() if line.strip()]
         text = "".join(line + "\n" for line in lines)
