@@ -38,6 +38,10 @@ onstart:
     # <run>/config.yaml, the validated configuration the jobs read (not in a dry run)
     workflow_plan.save_config(PLAN)
 
+
+onsuccess:
+    print(workflow_plan.where_results_are(PLAN, os.environ))
+
 RUN = PLAN.run
 CODE_VERSION = workflow_plan.code_version(workflow.basedir)
 # Jobs run the `setdlm` of this installation, the command a user would type by hand.

@@ -16,6 +16,7 @@ import torch
 from setdlm.core.decoding import DecodeConfig
 from setdlm.core.family import FAMILIES, ModelConfig, default_schedule
 from setdlm.core.random_weights import redraw_weights
+from setdlm.progress import progress_bar
 from setdlm.registry import build_model
 
 
@@ -136,6 +137,12 @@ def bench_decode(settings: BenchSettings = BenchSettings(), log=print) -> list[B
     prompts[:, 0] = 1  # BOS
     rows = []
     log(HEADER)
+    decodes = sum(
+        (1 if family == "ar" else len(settings.thresholds)) * (settings.repeats + 1)
+        for family in FAMILIES
+    )
+    bar = progress_bar(decodes, "bench decode", unit="decode")
+    say = bar.write if log is print else log  # lines above the bar, not through it
     for family in FAMILIES:
         model = bench_model(family, settings)
         thresholds = (1e6,) if family == "ar" else settings.thresholds
@@ -145,7 +152,10 @@ def bench_decode(settings: BenchSettings = BenchSettings(), log=print) -> list[B
                 confidence_threshold=threshold,
                 block_size=settings.mdlm_block if family == "mdlm" else None,
             )
-            runs = [model.generate(prompts.tolist(), config) for _ in range(settings.repeats + 1)]
+            runs = []
+            for _ in range(settings.repeats + 1):
+                runs.append(model.generate(prompts.tolist(), config))
+                bar.update()
             runs = runs[1:]  # the first run warms up allocators and kernels
             wall = statistics.median(r.wall_seconds for r in runs)
             forward = statistics.median(r.forward_seconds for r in runs)
@@ -162,5 +172,6 @@ def bench_decode(settings: BenchSettings = BenchSettings(), log=print) -> list[B
                 ),
             )
             rows.append(row)
-            log(row.line())
+            say(row.line())
+    bar.close()
     return rows

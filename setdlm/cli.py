@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from setdlm.errors import ArgumentParser, report
 from setdlm.paths import DataNotFoundError
+from setdlm.progress import QUIET_ENV
 from setdlm.validation import (
     BATCH_SIZE,
     BLOCK_SIZE,
@@ -42,8 +44,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    if argv[:1] == ["--threads"]:
-        # Read before the forwarded commands, which parse the rest themselves.
+    # The global options, read before the forwarded commands, which parse the rest themselves.
+    while argv[:1] in (["--threads"], ["--quiet"]):
+        if argv[0] == "--quiet":
+            os.environ[QUIET_ENV] = "1"  # inherited by the processes a command starts
+            argv = argv[1:]
+            continue
         threads = _parse_threads(argv[1] if len(argv) > 1 else "")
         argv = argv[2:]
         import torch
@@ -55,6 +61,9 @@ def _main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="setdlm", description=__doc__)
     parser.add_argument(
         "--threads", type=THREADS, default=None, help="torch CPU threads (default: torch's choice)"
+    )
+    parser.add_argument(
+        "--quiet", action="store_true", help="no progress bars (they are off outside a terminal)"
     )
     commands = parser.add_subparsers(dest="command", required=True)
 

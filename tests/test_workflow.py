@@ -528,6 +528,10 @@ def test_the_tiny_workflow_writes_every_result(finished_run):
     run = finished_run / "results" / "runs" / "mini"
     first = job_counts((finished_run / "first-run.log").read_text())
     assert first["prepare_data"] == 2 and first["train_model"] == 2 and first["evaluate"] == 5
+    # The run ends by saying where its outputs are and how to open MLflow.
+    log = (finished_run / "first-run.log").read_text()
+    assert "Run mini done:" in log and "tables   results/tables/mini/" in log
+    assert "setdlm ui --results results" in log
     for key in MINI_POINTS:
         folder = run / key
         metrics = json.loads((folder / "metrics.json").read_text())

@@ -59,6 +59,7 @@ from setdlm.eval.records import SampleLog, example_seed
 from setdlm.eval.timing import decoding_fields, summarize_speed, synchronized_timer
 from setdlm.files import atomic_write_json
 from setdlm.paths import data_dir, data_path
+from setdlm.progress import progress_bar
 from setdlm.zoo import load_pretrained, load_tokenizer_for
 
 log = logging.getLogger(__name__)
@@ -181,8 +182,11 @@ class SetDLMHarnessLM(LM):
             for request, key in zip(requests, request_keys(requests), strict=True)
         ]
         texts: list[str] = []
+        bar = progress_bar(len(jobs), "generate_until", unit="request", enabled=not disable_tqdm)
         for batch in consecutive_batches(jobs, self.batch_size, lambda job: job.config):
             texts += self._generate(batch)
+            bar.update(len(batch))
+        bar.close()
         for request, text in zip(requests, texts, strict=True):
             self.cache_hook.add_partial("generate_until", request.args, text)
         if self.log_dir is not None:

@@ -26,6 +26,7 @@ from setdlm.files import atomic_write_json
 from setdlm.hub import load_hub_dataset
 from setdlm.likelihood import sequence_terms, summarize
 from setdlm.paths import data_dir
+from setdlm.progress import progress_bar
 
 HELDOUT_SETS = ("wikitext2", "owt", "lm1b")
 # Copies of the Hub sets that `setdlm data prepare` writes into a data folder (one {"text"} per
@@ -110,6 +111,7 @@ def run_likelihood(
     log = SampleLog(out_dir / "samples.jsonl")
     done = log.load()
     model.eval()
+    bar = progress_bar(count, f"likelihood {data}", sum(i in done for i in ids), "sequence")
     for start in range(0, count, batch_size):
         batch_ids = ids[start : start + batch_size]
         if all(i in done for i in batch_ids):
@@ -119,6 +121,8 @@ def run_likelihood(
         terms = sequence_terms(model, batch, generator, num_samples, tokenizer)
         for example_id, term in zip(batch_ids, terms, strict=True):
             log.append({"id": example_id, **term, **sample_provenance()})
+        bar.update(sum(i not in done for i in batch_ids))
+    bar.close()
     records = log.load()
     result = summarize([records[i] for i in ids], model.config.family, num_samples)
     metrics = {

@@ -30,6 +30,7 @@ from setdlm.eval.timing import (
     synchronized_timer,
 )
 from setdlm.files import atomic_write_json
+from setdlm.progress import progress_bar
 from setdlm.validation import raise_for, warmup_errors
 
 
@@ -134,6 +135,7 @@ def run_evaluation(
     device = model.device
     reset_peak_memory(device)
     timed_so_far = 0
+    bar = progress_bar(len(examples), f"{task.name} {out_dir.name}", len(examples) - len(pending))
     for batch in _batches(pending, settings.batch_size):
         seeds = [example_seed(settings.seed, example.id) for example in batch]
         budget = batch[0].max_new_tokens
@@ -159,6 +161,8 @@ def run_evaluation(
                     **sample_provenance(),
                 }
             )
+        bar.update(len(batch))
+    bar.close()
     return finish_run(task, examples, log, out_dir, identity, digest, settings, device)
 
 

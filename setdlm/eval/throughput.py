@@ -13,11 +13,13 @@ import statistics
 from pathlib import Path
 
 from setdlm.core.decoding import DecodeConfig
+from setdlm.errors import DataError
 from setdlm.eval.fingerprint import hardware
 from setdlm.eval.records import example_seed
 from setdlm.eval.runner import Task
 from setdlm.eval.timing import synchronized_timer
 from setdlm.files import atomic_write_json
+from setdlm.progress import progress_range as progress_bar_range
 
 
 def paper_throughput(
@@ -33,10 +35,10 @@ def paper_throughput(
     decode = task.decode_config(decode, tokenizer)
     examples = task.examples(tokenizer, model)
     if not examples:
-        raise ValueError(f"task {task.name} has no examples to time")
+        raise DataError(f"task {task.name} has no examples to time")
     rates, tokens, forwards = [], [], []
     cycle = itertools.cycle(examples)
-    for index in range(warmup + measured):
+    for index in progress_bar_range(warmup + measured, "paper throughput"):
         example = next(cycle)
         config = (
             decode

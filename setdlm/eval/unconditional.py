@@ -74,6 +74,7 @@ from setdlm.eval.timing import (
     synchronized_timer,
 )
 from setdlm.hub import hub_offline, load_hub_dataset, unreachable
+from setdlm.progress import progress_bar
 from setdlm.validation import SettingError
 
 TEXT_PROTOCOLS = {
@@ -322,12 +323,15 @@ def run_unconditional(
     pending = [example for example in examples if example.id not in done]
     device = model.device
     reset_peak_memory(device)
+    bar = progress_bar(len(examples), "unconditional", len(examples) - len(pending), "sample")
     for start in range(0, len(pending), settings.batch_size):
         batch = pending[start : start + settings.batch_size]
         warmup = start < settings.warmup_examples
         attempts = _generate_with_rejection(model, tokenizer, decode, batch, generation, settings)
         for example in batch:
             log.append(_record(task, example, attempts[example.id], tokenizer, len(batch), warmup))
+        bar.update(len(batch))
+    bar.close()
 
     extra = {"samples_config_hash": config_hash(sample_identity)}
     return finish_run(task, examples, log, out_dir, identity, digest, settings, device, extra)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -29,11 +28,11 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from tqdm.auto import tqdm
 
 from setdlm.core.outputs import LossOutput
 from setdlm.errors import UserError
 from setdlm.files import atomic_write_json, atomic_write_text
+from setdlm.progress import progress_bar
 from setdlm.train.checkpoint import latest_checkpoint
 from setdlm.train.config import TrainConfig
 from setdlm.train.preemption import Preempted, watch_preemption
@@ -106,12 +105,12 @@ def train(
 
     loss_module = accelerator.prepare_model(_LossForward(model))
     model.train()
-    bar = tqdm(
-        total=config.max_steps,
-        initial=counters.step,
-        desc="train",
+    bar = progress_bar(
+        config.max_steps,
+        "train",
+        counters.step,
         unit="step",
-        disable=not (progress and accelerator.is_main_process and sys.stderr.isatty()),
+        enabled=progress and accelerator.is_main_process,
     )
     started = time.perf_counter() - counters.seconds
     with watch_preemption() as preemption:

@@ -283,6 +283,27 @@ def _task_args(task: str, settings: dict, plan: Plan) -> list:
     return args
 
 
+def where_results_are(plan: Plan, environ) -> str:
+    """What a finished run tells its user: where its outputs are and how to open them."""
+    uri = plan.tracking_uri(environ)
+    database = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else None
+    browse = (
+        f"setdlm ui --results {Path(database).parent}  (then open http://127.0.0.1:5000)"
+        if database
+        else f"open {uri} in a browser"
+    )
+    return "\n".join(
+        [
+            f"Run {plan.config['name']} done:",
+            f"  tables   {plan.tables_dir}/  (Markdown, CSV, LaTeX)",
+            f"  figures  {plan.figures_dir}/  (PNG, PDF speed-quality fronts)",
+            f"  results  {plan.run}/<task>/<model>/<point>/metrics.json (the source of truth)",
+            f"  MLflow   {uri}",
+            f"           browse it: {browse}",
+        ]
+    )
+
+
 def code_version(folder: str | Path) -> str:
     """The git commit of the checkout holding the workflow (uncommitted edits do not count:
     editing a configuration must not look like new code), else the package version.
