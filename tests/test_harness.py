@@ -82,6 +82,13 @@ def test_registering_keeps_lm_evals_own_models():
         assert name in model_registry
 
 
+def test_the_lm_eval_models_entry_point_names_the_registered_model():
+    import importlib.metadata
+
+    points = {e.name: e for e in importlib.metadata.entry_points(group="lm_eval.models")}
+    assert points["setdlm"].load() is get_model(harness.MODEL_NAME) is harness.SetDLMHarnessLM
+
+
 def test_task_files_extend_lm_evals_gsm8k_with_local_data(task_folder, data_dir):
     local = yaml.safe_load((task_folder / "gsm8k_local.yaml").read_text())
     assert local["include"] == str(gsm8k.lm_eval_task_file("gsm8k/gsm8k.yaml"))
