@@ -99,6 +99,7 @@ def check_mlflow(run: Path, tracking_uri: str) -> None:
     client = MlflowClient(tracking_uri)
     experiments = client.search_experiments()
     runs = [r for e in experiments for r in client.search_runs([e.experiment_id], max_results=5000)]
+    runs = [r for r in runs if IDENTITY_TAG in r.data.tags]  # not the sweeps' parent runs
     by_identity: dict[str, list] = {}
     for mlflow_run in runs:
         by_identity.setdefault(mlflow_run.data.tags.get(IDENTITY_TAG), []).append(mlflow_run)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import json
 import math
 import os
@@ -29,7 +30,13 @@ from setdlm.cli import main as setdlm_main
 from setdlm.eval.records import config_hash
 from setdlm.files import atomic_write_json, sha256_file
 from setdlm.tracking import sync_main, ui_main
-from setdlm.tracking.record import IDENTITY_TAG, SYNCED_TAG, run_record
+from setdlm.tracking.record import (
+    IDENTITY_TAG,
+    SUPERSEDED_TAG,
+    SWEEP_TAG,
+    SYNCED_TAG,
+    run_record,
+)
 from setdlm.tracking.results import read_result, results_root
 from setdlm.tracking.store import filesystem_type, open_client, resolve_store, writer_lock
 
@@ -95,9 +102,16 @@ def _client(results: Path) -> MlflowClient:
 
 
 def _runs(client: MlflowClient) -> dict[str, list]:
-    """experiment name -> its runs (Default left out)."""
+    """experiment name -> its result runs (Default and the sweeps' parent runs left out)."""
     experiments = [e for e in client.search_experiments() if e.name != "Default"]
-    return {e.name: client.search_runs([e.experiment_id], max_results=1000) for e in experiments}
+    return {
+        e.name: [
+            run
+            for run in client.search_runs([e.experiment_id], max_results=1000)
+            if IDENTITY_TAG in run.data.tags
+        ]
+        for e in experiments
+    }
 
 
 def _assert_one_finished_run_per_point(client: MlflowClient, results: Path) -> None:
@@ -327,7 +341,7 @@ def test_a_real_mlflow_server_receives_the_replayed_sync(results, empty_store, t
         assert f"{len(POINTS)} unchanged" in capsys.readouterr().out
         client = MlflowClient(url)
         _assert_one_finished_run_per_point(client, results)
-        run = client.search_runs([client.get_experiment_by_name("cnndm").experiment_id])[0]
+        run = _runs(client)["cnndm"][0]
         assert {"samples.jsonl", "metrics.json"} <= {
             a.path for a in client.list_artifacts(run.info.run_id)
         }
@@ -537,3 +551,64 @@ def _kill_servers_on(port: int) -> None:
         if "mlflow" in command and str(port) in command:
             with contextlib.suppress(psutil.Error):
                 process.kill()
+
+
+def test_key_metrics_times_and_sweeps_as_the_ui_shows_them(results):
+    assert sync_main([str(results / "runs" / "tiny")]) == 0
+    client = _client(results)
+    experiment = client.get_experiment_by_name("cnndm").experiment_id
+    everything = client.search_runs([experiment], max_results=100)
+    parents = {r.info.run_id: r for r in everything if SWEEP_TAG in r.data.tags}
+    # One parent per (task, model) sweep, each point of the sweep its child.
+    assert sorted(r.data.tags[SWEEP_TAG] for r in parents.values()) == [
+        "tiny/cnndm/bd3lm",
+        "tiny/cnndm/setdlm",
+    ]
+    for run in _runs(client)["cnndm"]:
+        parent = parents[run.data.tags["mlflow.parentRunId"]]
+        assert parent.data.tags[SWEEP_TAG].endswith("/" + run.data.params["model"])
+        folder = Path(run.data.tags["setdlm.result_dir"])
+        metrics = json.loads((folder / "metrics.json").read_text())
+        # The key metrics under the same short names in every experiment.
+        logged, speed = run.data.metrics, metrics["speed"]
+        assert logged["quality"] == pytest.approx(metrics["quality"]["rougeL"]["value"])
+        assert logged["tokens_per_second"] == pytest.approx(speed["tokens_per_second_mean"])
+        assert logged["parallelism"] == pytest.approx(speed["parallelism_mean"])
+        assert logged["nfe"] == pytest.approx(speed["nfe_mean"])
+        assert run.data.tags["setdlm.quality"].startswith("quality = quality.rougeL")
+        # The run's start and end are the evaluation's, not the sync's.
+        times = metrics["times"]
+        started = datetime.datetime.fromisoformat(times["started_at"]).timestamp() * 1000
+        finished = datetime.datetime.fromisoformat(times["finished_at"]).timestamp() * 1000
+        assert run.info.start_time == int(started) and run.info.end_time == int(finished)
+        assert run.info.end_time < time.time() * 1000 - 1  # before this sync
+    likelihood = _runs(client)["likelihood-wikitext2"][0]
+    assert "quality" in likelihood.data.metrics  # its NLL
+    assert "tokens_per_second" not in likelihood.data.metrics
+
+
+def test_a_changed_configuration_supersedes_the_old_run(results, capsys):
+    folder = results / "runs" / "tiny"
+    assert sync_main([str(folder)]) == 0
+    client = _client(results)
+    point = folder / "cnndm" / "setdlm" / "tau-0.9"
+    old_hash = json.loads((point / "metrics.json").read_text())["config_hash"]
+    (old,) = [r for r in _runs(client)["cnndm"] if r.data.tags[IDENTITY_TAG] == old_hash]
+    # The same folder recomputed under another configuration.
+    metrics = json.loads((point / "metrics.json").read_text())
+    metrics["config_hash"] = "0123456789abcdef"
+    (point / "metrics.json").write_text(json.dumps(metrics))
+    assert sync_main([str(folder)]) == 0
+    _assert_one_finished_run_per_point(client, results)  # the default (active) view
+    replaced = client.get_run(old.info.run_id)
+    assert replaced.info.lifecycle_stage == "deleted"  # out of the default view, restorable
+    (new,) = [r for r in _runs(client)["cnndm"] if r.data.tags[IDENTITY_TAG] == "0123456789abcdef"]
+    assert replaced.data.tags[SUPERSEDED_TAG] == new.info.run_id
+    # The old configuration back: its run comes back, and the other one is superseded.
+    metrics["config_hash"] = old_hash
+    (point / "metrics.json").write_text(json.dumps(metrics))
+    assert sync_main([str(folder)]) == 0
+    _assert_one_finished_run_per_point(client, results)
+    restored = client.get_run(old.info.run_id)
+    assert restored.info.lifecycle_stage == "active" and SUPERSEDED_TAG not in restored.data.tags
+    assert client.get_run(new.info.run_id).info.lifecycle_stage == "deleted"

@@ -21,7 +21,7 @@ from setdlm.data.loader import collate
 from setdlm.data.text import ChunkedLMDataset, load_wikitext2
 from setdlm.eval.fingerprint import hardware, run_provenance, sample_provenance, software_versions
 from setdlm.eval.records import SampleLog, config_hash, example_seed
-from setdlm.eval.runner import finished_metrics
+from setdlm.eval.runner import claim_folder, finished_metrics, run_times
 from setdlm.files import atomic_write_json
 from setdlm.hub import load_hub_dataset
 from setdlm.likelihood import sequence_terms, summarize
@@ -106,6 +106,7 @@ def run_likelihood(
     if finished is not None:
         return finished
     chunks = ChunkedLMDataset(heldout_documents(data), tokenizer, model.config.length)
+    claim_folder(out_dir, identity, digest)
     count = len(chunks) if limit is None else min(limit, len(chunks))
     ids = [f"{data}-{i}" for i in range(count)]
     log = SampleLog(out_dir / "samples.jsonl")
@@ -131,6 +132,7 @@ def run_likelihood(
         "quality": quality_metrics(result),
         "config": identity,
         "config_hash": digest,
+        "times": run_times(out_dir),
         **run_provenance([records[i] for i in ids]),
         "hardware": hardware(model.device),
         "software": software_versions(),

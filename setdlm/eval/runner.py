@@ -12,6 +12,7 @@ and a row's tokens never depend on the rest of its batch.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -201,6 +202,7 @@ def finish_run(
         "config_hash": digest,
         **(extra or {}),
         "run": dataclasses.asdict(settings),
+        "times": run_times(Path(out_dir)),
         **run_provenance(ordered),
         "hardware": hardware(device),
         "software": software_versions(),
@@ -237,4 +239,18 @@ def claim_folder(out_dir: Path, identity: dict, digest: str) -> None:
         if existing["config_hash"] == digest:
             return
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(run_path, {"config_hash": digest, "config": identity})
+    atomic_write_json(
+        run_path, {"config_hash": digest, "config": identity, "started_at": utc_now()}
+    )
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
+
+
+def run_times(out_dir: Path) -> dict:
+    """When the evaluation of this folder started (its claim, kept across resumes) and
+    finished (now): MLflow shows these as the run's start and duration."""
+    run_path = out_dir / "run.json"
+    claimed = json.loads(run_path.read_text()) if run_path.exists() else {}
+    return {"started_at": claimed.get("started_at"), "finished_at": utc_now()}

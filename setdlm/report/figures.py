@@ -25,6 +25,7 @@ from setdlm import published
 from setdlm.files import atomic_write_bytes
 from setdlm.report.results import (
     FAMILY_ORDER,
+    HEADLINE_QUALITY,
     ResultPoint,
     Results,
     format_tau,
@@ -43,15 +44,21 @@ class FigureSpec:
 
 
 FIGURES = {
-    "gsm8k": FigureSpec("gsm8k", "GSM8K", "paper_exact", "accuracy, paper_exact (%)", 100.0),
-    "cnndm": FigureSpec("cnndm", "CNN/DailyMail", "rougeL", "ROUGE-L (F1 × 100)", 100.0),
+    "gsm8k": FigureSpec(
+        "gsm8k", "GSM8K", HEADLINE_QUALITY["gsm8k"], "accuracy, paper_exact (%)", 100.0
+    ),
+    "cnndm": FigureSpec(
+        "cnndm", "CNN/DailyMail", HEADLINE_QUALITY["cnndm"], "ROUGE-L (F1 × 100)", 100.0
+    ),
     "infill-1": FigureSpec(
-        "infill-1", "ROCStories infill-1", "rougeL", "ROUGE-L (F1 × 100)", 100.0
+        "infill-1", "ROCStories infill-1", HEADLINE_QUALITY["infill-1"], "ROUGE-L (F1 × 100)", 100.0
     ),
     "infill-3": FigureSpec(
-        "infill-3", "ROCStories infill-3", "rougeL", "ROUGE-L (F1 × 100)", 100.0
+        "infill-3", "ROCStories infill-3", HEADLINE_QUALITY["infill-3"], "ROUGE-L (F1 × 100)", 100.0
     ),
-    "unconditional": FigureSpec("unconditional", "Unconditional generation", "mauve", "MAUVE"),
+    "unconditional": FigureSpec(
+        "unconditional", "Unconditional generation", HEADLINE_QUALITY["unconditional"], "MAUVE"
+    ),
 }
 X_AXES = (
     ("tokens_per_second", "speed (tokens/s, mean over examples)"),

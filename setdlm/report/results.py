@@ -31,6 +31,15 @@ TASK_FIELDS = {
     "unconditional": "unconditional",
 }
 LIKELIHOOD_PREFIX = "likelihood-"
+# The quality each task is plotted and compared by (its figure's y axis, MLflow's `quality`).
+HEADLINE_QUALITY = {
+    "gsm8k": "paper_exact",
+    "cnndm": "rougeL",
+    "infill-1": "rougeL",
+    "infill-3": "rougeL",
+    "unconditional": "mauve",
+}
+LIKELIHOOD_HEADLINE = "nll"
 MODEL_NAME = re.compile(r"^(?:(ar|mdlm)|(bd3lm)-s(\d+)|(setdlm)-smax(\d+))$")
 POINT_NAME = re.compile(r"^(?:default|tau-(.+))$")
 

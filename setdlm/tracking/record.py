@@ -6,10 +6,17 @@ A few knobs the paper speaks in (τ, W, d, M, block size, steps) are repeated at
 so that ``params.W = '16'`` works in the UI's search box. Metrics are the numbers measured:
 quality (every reported variant) and speed. Tags say how and where the result was computed.
 Names are flattened with dots (``decode.top_p``, ``quality.rouge1.bootstrap_95.0``).
+
+A few key metrics are repeated under short names that are the same in every experiment
+(``quality``: the task's headline quality, the y axis of its figure; ``accuracy`` on GSM8K;
+``tokens_per_second``, ``parallelism``, ``nfe``), so the runs table and a speed-quality scatter
+need no search through hundreds of names. The points of one (task, model) sweep share a parent
+run, and the run carries the evaluation's own start and end times.
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import math
@@ -18,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from setdlm.eval.records import config_hash
+from setdlm.report.results import HEADLINE_QUALITY, LIKELIHOOD_HEADLINE, LIKELIHOOD_PREFIX
 from setdlm.tracking.results import ResultPoint
 
 # MLflow's limits (mlflow.utils.validation): longer keys or values are refused.
@@ -25,11 +33,19 @@ MAX_KEY_LENGTH = 250
 MAX_PARAM_LENGTH = 6000
 MAX_TAG_LENGTH = 8000
 # Bump when the mapping below changes, so finished runs are refreshed by the next sync.
-MAPPING_VERSION = "1"
+MAPPING_VERSION = "2"
 
 IDENTITY_TAG = "setdlm.config_hash"  # the run's identity: one run per config hash
 SYNCED_TAG = "setdlm.synced"  # written last: the fingerprint of what the run mirrors
 STALE_TAG = "setdlm.stale_params"  # params whose value changed after they were logged
+SWEEP_TAG = "setdlm.sweep"  # on a sweep's parent run: <config>/<task>/<model>
+SUPERSEDED_TAG = "setdlm.superseded_by"  # on a run whose folder now holds another config
+# Short, stable names of the key metrics: (name, speed field) for speed.
+KEY_SPEED = (
+    ("tokens_per_second", "tokens_per_second_mean"),
+    ("parallelism", "parallelism_mean"),
+    ("nfe", "nfe_mean"),
+)
 
 # Extras of a quality entry that describe how it was computed, not what was measured: their
 # numbers (bucket counts, seeds, pool sizes) are settings, kept in the metrics.json artifact.
@@ -55,6 +71,9 @@ class RunRecord:
     tags: dict[str, str]
     artifacts: list[Path]
     fingerprint: str
+    sweep: str  # <config>/<task>/<model>: the points of one sweep share a parent run
+    start_ms: int | None  # the evaluation's own start and end (ms since the epoch)
+    end_ms: int | None
 
 
 def run_record(point: ResultPoint) -> RunRecord:
@@ -64,6 +83,8 @@ def run_record(point: ResultPoint) -> RunRecord:
     numbers |= speed_metrics
     if isinstance(metrics.get("examples"), int | float):
         numbers["examples"] = float(metrics["examples"])
+    key_metrics, headline = _key_metrics(point)
+    numbers |= key_metrics
     if point.throughput is not None:
         paper = {k: v for k, v in point.throughput.items() if k not in ("decode", "hardware")}
         paper_metrics, paper_tags = _split(_section("paper_throughput", paper))
@@ -72,6 +93,9 @@ def run_record(point: ResultPoint) -> RunRecord:
     run_name = f"{point.model}/{point.point}"
     # Names are not identities: this tag follows the folder if it is renamed.
     tags |= _tags(point) | {"mlflow.runName": run_name}
+    if headline:
+        tags["setdlm.quality"] = f"quality = quality.{headline} ({point.task})"
+    times = metrics.get("times") or {}
     return RunRecord(
         experiment=point.task,
         run_name=run_name,
@@ -81,7 +105,34 @@ def run_record(point: ResultPoint) -> RunRecord:
         tags={_key(k): _text(v, MAX_TAG_LENGTH) for k, v in tags.items()},
         artifacts=point.artifacts,
         fingerprint=_fingerprint(point),
+        sweep=f"{point.config_name}/{point.task}/{point.model}",
+        start_ms=_milliseconds(times.get("started_at")),
+        end_ms=_milliseconds(times.get("finished_at")),
     )
+
+
+def _key_metrics(point: ResultPoint) -> tuple[dict[str, float], str | None]:
+    """The key metrics under their short names, and which quality ``quality`` is."""
+    quality, speed = point.metrics.get("quality") or {}, point.metrics.get("speed") or {}
+    headline = HEADLINE_QUALITY.get(point.task)
+    if point.task.startswith(LIKELIHOOD_PREFIX):
+        headline = LIKELIHOOD_HEADLINE
+    numbers = {}
+    entry = quality.get(headline) if headline else None
+    if isinstance(entry, dict) and isinstance(entry.get("value"), int | float):
+        numbers["quality"] = float(entry["value"])
+        if point.task == "gsm8k":
+            numbers["accuracy"] = numbers["quality"]
+    for name, field in KEY_SPEED:
+        if isinstance(speed.get(field), int | float):
+            numbers[name] = float(speed[field])
+    return numbers, headline if "quality" in numbers else None
+
+
+def _milliseconds(stamp: str | None) -> int | None:
+    if not stamp:
+        return None
+    return int(datetime.datetime.fromisoformat(stamp).timestamp() * 1000)
 
 
 def _params(point: ResultPoint) -> dict[str, str]:

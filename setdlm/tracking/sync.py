@@ -9,7 +9,13 @@ can be replayed at any time. MLflow's own rules shape how:
   the file's (a replay writes nothing; a re-measured value is appended at the next step);
 - params are write-once, so only missing ones are logged (a changed one is reported);
 - a killed sync leaves its run RUNNING and without the ``setdlm.synced`` tag, which is written
-  last; the next sync finds the run by its config hash and completes it.
+  last; the next sync finds the run by its config hash and completes it;
+- a run's start time is set when it is created, so it is the evaluation's own (from
+  metrics.json), and so is its end; the points of one (task, model) sweep are children of one
+  parent run (``mlflow.parentRunId``), so the UI folds a τ sweep into one row;
+- when a folder's configuration changes, its new run supersedes the old one: the old run is
+  tagged ``setdlm.superseded_by`` and soft-deleted (out of the default view, restorable, and
+  restored if that configuration comes back).
 """
 
 from __future__ import annotations
@@ -27,10 +33,14 @@ from setdlm.tracking.record import (
     IDENTITY_TAG,
     MAX_TAG_LENGTH,
     STALE_TAG,
+    SUPERSEDED_TAG,
+    SWEEP_TAG,
     SYNCED_TAG,
     RunRecord,
     same_metric,
 )
+
+PARENT_TAG = "mlflow.parentRunId"  # how the MLflow UI nests child runs
 
 
 @dataclass(frozen=True)
@@ -50,16 +60,22 @@ def sync_run(client, record: RunRecord, folder: str, artifact_root: str | None) 
     if run is None:
         run = client.create_run(
             experiment_id,
+            start_time=record.start_ms,
             run_name=record.run_name,
             tags={IDENTITY_TAG: record.config_hash},
         )
         action = "created"
+    elif run.info.lifecycle_stage == "deleted":  # superseded once; this config is back
+        client.restore_run(run.info.run_id)
+        client.delete_tag(run.info.run_id, SUPERSEDED_TAG)
+        run = client.get_run(run.info.run_id)
+        action = "updated"
     elif _is_synced(run, record):
         action = "unchanged"
     else:
         action = "updated"
     if action != "unchanged":
-        _complete(client, run, record)
+        _complete(client, run, record, experiment_id)
     return SyncedRun(
         folder,
         record.experiment,
@@ -96,10 +112,12 @@ def find_run(client, experiment_id: str, config_hash: str):
     runs = client.search_runs(
         [experiment_id],
         filter_string=f"tags.`{IDENTITY_TAG}` = '{config_hash}'",
-        run_view_type=ViewType.ACTIVE_ONLY,
+        run_view_type=ViewType.ALL,
         order_by=["attributes.start_time ASC"],
         max_results=10,
     )
+    active = [run for run in runs if run.info.lifecycle_stage == "active"]
+    runs = active or runs  # a deleted (superseded) run only when no active one exists
     if len(runs) > 1:
         others = ", ".join(run.info.run_id for run in runs[1:])
         _warn(f"config hash {config_hash} has {len(runs)} runs; keeping the oldest ({others} not)")
@@ -113,7 +131,7 @@ def _is_synced(run, record: RunRecord) -> bool:
     )
 
 
-def _complete(client, run, record: RunRecord) -> None:
+def _complete(client, run, record: RunRecord, experiment_id: str) -> None:
     """Bring one run up to date with its record; every step is safe to repeat."""
     run_id = run.info.run_id
     _log_params(client, run, record)
@@ -124,8 +142,46 @@ def _complete(client, run, record: RunRecord) -> None:
         # Same path, same name: a replay overwrites the copy, it does not add one.
         client.log_artifact(run_id, str(path))
     if run.info.status != RunStatus.to_string(RunStatus.FINISHED):
-        client.set_terminated(run_id, "FINISHED")
+        client.set_terminated(run_id, "FINISHED", end_time=record.end_ms)
+    parent = sweep_parent(client, experiment_id, record.sweep)
+    if run.data.tags.get(PARENT_TAG) != parent:
+        client.set_tag(run_id, PARENT_TAG, parent)
+    supersede_others(client, experiment_id, record, run_id)
     client.set_tag(run_id, SYNCED_TAG, record.fingerprint)  # last: the run is now complete
+
+
+def sweep_parent(client, experiment_id: str, sweep: str) -> str:
+    """The parent run of a (task, model) sweep, created the first time one of its points is."""
+    runs = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{SWEEP_TAG}` = '{sweep}'",
+        run_view_type=ViewType.ACTIVE_ONLY,
+        order_by=["attributes.start_time ASC"],
+        max_results=1,
+    )
+    if runs:
+        return runs[0].info.run_id
+    model = sweep.rsplit("/", 1)[-1]
+    parent = client.create_run(experiment_id, run_name=model, tags={SWEEP_TAG: sweep})
+    client.set_terminated(parent.info.run_id, "FINISHED")
+    return parent.info.run_id
+
+
+def supersede_others(client, experiment_id: str, record: RunRecord, run_id: str) -> None:
+    """Runs of the same result folder with another configuration: that folder now holds this
+    one's results, so they are tagged and moved out of the default view (soft-deleted)."""
+    folder = record.tags["setdlm.result_dir"]
+    others = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`setdlm.result_dir` = '{folder}'",
+        run_view_type=ViewType.ACTIVE_ONLY,
+        max_results=100,
+    )
+    for other in others:
+        if other.data.tags.get(IDENTITY_TAG) in (None, record.config_hash):
+            continue
+        client.set_tag(other.info.run_id, SUPERSEDED_TAG, run_id)
+        client.delete_run(other.info.run_id)
 
 
 def _log_params(client, run, record: RunRecord) -> None:
