@@ -28,8 +28,10 @@ if not workflow.overwrite_configfiles:
     configfile: f"{workflow.basedir}/workflows/config/tiny.yaml"
 
 
+# The files the configuration came from, named in its errors.
+CONFIG_FILES = ", ".join(map(str, workflow.overwrite_configfiles)) or "workflows/config/tiny.yaml"
 try:
-    PLAN = workflow_plan.build(config, os.environ)
+    PLAN = workflow_plan.build(config, os.environ, source=CONFIG_FILES)
 except ConfigError as error:
     raise WorkflowError(str(error)) from None
 

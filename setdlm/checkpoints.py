@@ -95,7 +95,13 @@ def load_official(folder: str | Path, **overrides) -> Family:
     from setdlm.registry import build_model
 
     folder = Path(folder)
-    config = config_from_official(json.loads((folder / "config.json").read_text()), folder)
+    try:
+        config = config_from_official(json.loads((folder / "config.json").read_text()), folder)
+    except (KeyError, TypeError, AttributeError) as error:
+        raise CheckpointError(
+            f"{folder / 'config.json'}: neither our model config (format {MODEL_FORMAT}) nor an "
+            f"official one ({type(error).__name__}: {error})"
+        ) from None
     if overrides:
         config = dataclasses.replace(config, **overrides)
     model = build_model(config)

@@ -74,6 +74,14 @@ def _broken_models(models: Path) -> None:
     shutil.copytree(models / "ar", models / "no-tokenizer")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (models / "no-tokenizer" / name).unlink()
+    shutil.copytree(models / "ar", models / "official-without-backbone")
+    (models / "official-without-backbone" / "config.json").write_text('{"architectures": []}')
+    shutil.copytree(models / "ar", models / "broken-tokenizer")
+    (models / "broken-tokenizer" / "tokenizer.json").write_text("{broken")
+    shutil.copytree(models / "ar", models / "wrong-shapes")
+    config = json.loads((models / "ar" / "config.json").read_text())
+    config["model"]["backbone"]["hidden_size"] //= 2
+    (models / "wrong-shapes" / "config.json").write_text(json.dumps(config))
     shutil.copytree(models / "ar", models / "unknown-key")
     config = json.loads((models / "ar" / "config.json").read_text())
     config["model"]["colour"] = "blue"
@@ -91,6 +99,12 @@ def _data_folders(root: Path, data_dir: Path) -> None:
         (folder / "gsm8k").mkdir(parents=True)
         (folder / "gsm8k" / "test.jsonl").write_text(content)
     (root / "no-manifest").mkdir()
+    malformed = root / "malformed-cnndm-rocstories"
+    shutil.copytree(data_dir / "tokenizers", malformed / "tokenizers")
+    (malformed / "cnn_dailymail").mkdir()
+    (malformed / "cnn_dailymail" / "test.jsonl").write_text('{"id": "x"}\n')
+    (malformed / "rocstories").mkdir()
+    (malformed / "rocstories" / "cloze_test_val__spring2016.csv").write_text("a,b\n1,2\n")
 
 
 def _configs(root: Path) -> None:
@@ -124,6 +138,17 @@ def _configs(root: Path) -> None:
     )
     variant("bad-model-name", lambda c: c["models"].update({"gpt": {"family": "ar", "train": {}}}))
     variant("hidden-not-divisible", lambda c: c["train"].update(hidden_size=100, n_heads=3))
+    variant("cpus-zero", lambda c: c.setdefault("resources", {}).update(default={"cpus": 0}))
+    variant("source-ftp", lambda c: c.setdefault("data", {}).update(sources={"gsm8k": "ftp"}))
+    variant("name-with-slash", lambda c: c.update(name="tiny/two"))
+    variant("no-models", lambda c: c.update(models={}))
+    variant("lr-negative", lambda c: c["train"].update(lr=-1.0))
+    variant("tracking-uri-number", lambda c: c.update(tracking={"uri": 5}))
+    variant(
+        "train-and-checkpoint",
+        lambda c: c["models"]["ar"].update(checkpoint={"gsm8k": "gsm8k:ar"}),
+    )
+    (root / "tabs.yaml").write_text("name: tiny\nmodels:\n\tar: {}\n")
 
 
 def _result_folders(work: Path, models: Path) -> None:
@@ -280,7 +305,36 @@ CASES = [
         "generate {models}/ar --prompt '" + "word " * 80 + "'",
         ("--prompt", "no room"),
     ),
+    Bad(
+        "model-official-config-incomplete",
+        "generate {models}/official-without-backbone --prompt hi",
+        ("config.json", "official"),
+    ),
+    Bad(
+        "model-broken-tokenizer",
+        "generate {models}/broken-tokenizer --prompt hi",
+        ("broken-tokenizer", "do not load"),
+    ),
+    Bad(
+        "model-wrong-shapes",
+        "generate {models}/wrong-shapes --prompt hi",
+        ("wrong-shapes", "wrong shapes"),
+    ),
+    Bad("eval-limit-fraction", EVAL.replace("--limit 2", "--limit 1.5"), ("--limit", "integer")),
+    Bad("eval-device-bad-index", EVAL + " --device cuda:abc", ("--device", "cuda:N")),
     # -------------------------------------------------------------------------- data files
+    Bad(
+        "cnndm-missing-keys",
+        "eval cnndm --model {models}/ar --out {scratch}/c --limit 2",
+        ("cnn_dailymail/test.jsonl:1",),
+        {"data": "malformed-cnndm-rocstories"},
+    ),
+    Bad(
+        "rocstories-missing-columns",
+        "eval infill --model {models}/ar --out {scratch}/i --limit 2 --skip-too-long",
+        ("cloze_test_val__spring2016.csv", "missing columns"),
+        {"data": "malformed-cnndm-rocstories"},
+    ),
     Bad("gsm8k-empty-file", EVAL, ("gsm8k", "test.jsonl", "no"), {"data": "empty-gsm8k"}),
     Bad("gsm8k-bad-line", EVAL, ("test.jsonl:2", "JSON"), {"data": "bad-line-gsm8k"}),
     Bad("gsm8k-no-answer", EVAL, ("test.jsonl:1", "answer"), {"data": "no-answer-gsm8k"}),
@@ -382,6 +436,18 @@ CASES = [
         {"MLFLOW_TRACKING_URI": "bogus://env"},
     ),
     Bad("sync-missing-results", "sync {scratch}/nothing", ("nothing",)),
+    Bad("ui-unknown-uri-scheme", "ui --tracking-uri bogus://x", ("--tracking-uri", "bogus://x")),
+    Bad(
+        "sync-env-uri-not-a-uri",
+        "sync {results}/runs/done",
+        ("MLFLOW_TRACKING_URI", "nonsense"),
+        {"MLFLOW_TRACKING_URI": "nonsense"},
+    ),
+    Bad(
+        "compare-files",
+        "compare {baselines}/not-json.json {baselines}/wrong-format.json",
+        ("folder",),
+    ),
     Bad("ui-port-negative", "ui --port -1 --dry-run", ("--port", "65535")),
     Bad("ui-port-too-large", "ui --port 70000 --dry-run", ("--port", "65535")),
     # ---------------------------------------------------------------- workflow configuration
@@ -410,6 +476,14 @@ CASES = [
     Bad("config-block-on-setdlm", TRAIN + "block-on-setdlm.yaml", ("block_size", "MDLM")),
     Bad("config-bad-model-name", TRAIN + "bad-model-name.yaml", ("models.gpt", "model name")),
     Bad("config-hidden", TRAIN + "hidden-not-divisible.yaml", ("hidden_size", "n_heads")),
+    Bad("config-cpus-zero", TRAIN + "cpus-zero.yaml", ("resources.default.cpus",)),
+    Bad("config-source-ftp", TRAIN + "source-ftp.yaml", ("data.sources.gsm8k", "ftp")),
+    Bad("config-name-with-slash", TRAIN + "name-with-slash.yaml", ("name", "tiny/two")),
+    Bad("config-no-models", TRAIN + "no-models.yaml", ("models",)),
+    Bad("config-lr-negative", TRAIN + "lr-negative.yaml", ("train.lr",)),
+    Bad("config-tracking-uri-number", TRAIN + "tracking-uri-number.yaml", ("tracking.uri",)),
+    Bad("config-train-and-checkpoint", TRAIN + "train-and-checkpoint.yaml", ("models.ar", "both")),
+    Bad("config-tabs", TRAIN + "tabs.yaml", ("tabs.yaml", "YAML", "line 3")),
     Bad(
         "train-model-not-in-config",
         "train --model mdlm-x --out {scratch}/m --config " + str(TINY_CONFIG),

@@ -22,6 +22,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from setdlm.errors import DataError
 from setdlm.paths import DataNotFoundError
 
 # Raw vocabulary files -> the transformers tokenizer type that reads them.
@@ -41,27 +42,35 @@ def load_tokenizer(name_or_dir: str | os.PathLike) -> PreTrainedTokenizerBase:
     """
     path = Path(name_or_dir).expanduser()
     if path.is_dir():
-        if any((path / name).is_file() for name in _CONFIG_FILES):
-            # local_files_only, always: transformers records it in the saved config, so a copy
-            # saved online and one saved offline would otherwise differ
-            return AutoTokenizer.from_pretrained(
-                path, trust_remote_code=False, local_files_only=True
-            )
-        for files, tokenizer_type in _RAW_VOCAB_TYPES:
-            if all((path / name).is_file() for name in files):
-                return AutoTokenizer.from_pretrained(
-                    path,
-                    tokenizer_type=tokenizer_type,
-                    trust_remote_code=False,
-                    local_files_only=True,
-                )
-        raise DataNotFoundError(
-            f"tokenizer folder {path} holds none of {list(_CONFIG_FILES)}, "
-            f"vocab.json + merges.txt, or vocab.txt"
-        )
+        try:
+            return _load_folder(path)
+        except DataNotFoundError:
+            raise
+        except (OSError, ValueError) as error:  # files that are there but do not load
+            raise DataError(f"tokenizer folder {path}: its files do not load ({error})") from None
     if path.exists() or str(name_or_dir).startswith((".", "/", "~")):
         raise DataNotFoundError(f"tokenizer folder {path} does not exist (or is not a folder)")
     return AutoTokenizer.from_pretrained(str(name_or_dir), trust_remote_code=False)
+
+
+def _load_folder(path: Path):
+    """A tokenizer saved in ``path``: its tokenizer files, else a raw vocabulary."""
+    if any((path / name).is_file() for name in _CONFIG_FILES):
+        # local_files_only, always: transformers records it in the saved config, so a copy
+        # saved online and one saved offline would otherwise differ
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)
+    for files, tokenizer_type in _RAW_VOCAB_TYPES:
+        if all((path / name).is_file() for name in files):
+            return AutoTokenizer.from_pretrained(
+                path,
+                tokenizer_type=tokenizer_type,
+                trust_remote_code=False,
+                local_files_only=True,
+            )
+    raise DataNotFoundError(
+        f"tokenizer folder {path} holds none of {list(_CONFIG_FILES)}, "
+        f"vocab.json + merges.txt, or vocab.txt"
+    )
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from typing import Literal
 
 from setdlm.core.decoding import DecodeConfig
 from setdlm.data.jsonl import read_jsonl
+from setdlm.errors import DataError
 from setdlm.eval.generated_text import flag_counts, output_flags, text_before_eos
 from setdlm.eval.rouge import RougeScorer, RougeSettings, aggregate_rouge
 from setdlm.eval.runner import Example, Task
@@ -138,11 +139,11 @@ def read_articles_jsonl(path: Path) -> list[Article]:
     articles, seen = [], set()
     for number, row in read_jsonl(path, required=("doc_id", "article", "highlights")):
         if row["doc_id"] in seen:
-            raise ValueError(f"{path}:{number}: duplicate doc_id {row['doc_id']!r}")
+            raise DataError(f"{path}:{number}: duplicate doc_id {row['doc_id']!r}")
         seen.add(row["doc_id"])
         articles.append(Article(row["doc_id"], row["article"], row["highlights"]))
     if not articles:
-        raise ValueError(f"{path} holds no articles")
+        raise DataError(f"{path} holds no articles")
     return articles
 
 

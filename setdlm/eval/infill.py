@@ -68,20 +68,20 @@ def read_stories(path: str | Path) -> list[Story]:
         reader = csv.DictReader(handle)
         missing = sorted(set(COLUMNS) - set(reader.fieldnames or ()))
         if missing:
-            raise ValueError(f"{path}: missing columns {missing}")
+            raise DataError(f"{path}: missing columns {missing}")
         stories = []
         for line, row in enumerate(reader, start=2):  # line 1 is the header
             choice = row["AnswerRightEnding"]
             if choice not in ("1", "2"):
-                raise ValueError(f"{path}:{line}: AnswerRightEnding must be 1 or 2, got {choice!r}")
+                raise DataError(f"{path}:{line}: AnswerRightEnding must be 1 or 2, got {choice!r}")
             sentences = [row[f"InputSentence{i}"] for i in range(1, 5)]
             sentences.append(row[f"RandomFifthSentenceQuiz{choice}"])
             story_id = row["InputStoryid"]
             if any(not (s or "").strip() for s in sentences):
-                raise ValueError(f"{path}:{line}: story {story_id} has an empty sentence")
+                raise DataError(f"{path}:{line}: story {story_id} has an empty sentence")
             stories.append(Story(story_id, tuple(sentences)))
     if not stories:
-        raise ValueError(f"{path} holds no stories")
+        raise DataError(f"{path} holds no stories")
     return stories
 
 

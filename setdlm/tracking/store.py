@@ -53,8 +53,19 @@ class Store:
         return self.uri.startswith(("http://", "https://"))
 
 
+# The tracking URIs MLflow can open (a database dialect may name its driver: postgresql+psycopg2).
+KNOWN_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "file", "databricks")
+
+
 def resolve_store(results_root: Path, tracking_uri: str | None = None) -> Store:
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or sqlite_uri(results_root)
+    scheme = uri.split("://", 1)[0].split("+", 1)[0] if "://" in uri else ""
+    if scheme not in KNOWN_SCHEMES:
+        origin = "--tracking-uri" if tracking_uri else "MLFLOW_TRACKING_URI"
+        raise StoreUnavailable(
+            f"{origin} {uri!r}: not a tracking URI MLflow can open; expected sqlite:///PATH, "
+            "http(s)://HOST:PORT or a database URI (postgresql://..., mysql://...)"
+        )
     database = sqlite_path(uri)
     if database is not None:
         return Store(uri, database.with_name(database.name + ".lock"), _artifact_root(database))

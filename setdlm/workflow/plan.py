@@ -144,9 +144,10 @@ class Plan:
         return f"sqlite:///{Path(self.config['results']) / 'mlflow.db'}"
 
 
-def build(raw_config: dict, environ, log=None) -> Plan:
-    """Validate ``raw_config`` (raises ConfigError naming every bad key) and plan its jobs."""
-    config = validate(raw_config, environ=environ)
+def build(raw_config: dict, environ, log=None, source: str = "") -> Plan:
+    """Validate ``raw_config`` (raises ConfigError naming every bad key and ``source``, the
+    configuration files it came from) and plan its jobs."""
+    config = validate(raw_config, source=source, environ=environ)
     published = load_published()
     plan = Plan(config, str(run_dir(config["results"], config["name"])), data_dir(config, environ))
     for name in datasets_needed(config):
