@@ -132,16 +132,19 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def weights_metadata(folder: Path) -> dict:
-    """The metadata in ``model.safetensors`` ({} when there is none or the file is missing;
-    reading the weights reports a broken file)."""
+    """What ``save_model`` recorded in ``model.safetensors`` (format, family); {} when there
+    is nothing or the file is missing (reading the weights reports a broken file)."""
     from safetensors import safe_open
 
     path = folder / "model.safetensors"
     try:
         with safe_open(str(path), framework="pt") as handle:
-            return handle.metadata() or {}
+            metadata = handle.metadata() or {}
     except Exception:  # safetensors raises its own error types; read_weights names them
         return {}
+    # "setdlm-model/1;family=ar": the format, then key=value fields
+    fields = metadata.get("format", "").split(";")
+    return {"format": fields[0]} | dict(f.split("=", 1) for f in fields[1:] if "=" in f)
 
 
 def load_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
@@ -183,8 +186,10 @@ def save_model(model: Family, folder: str | Path) -> Path:
         for name, tensor in model.state_dict().items()
     }
     # The family travels with the weights too: a config.json edited or swapped to another
-    # family is refused on load instead of decoding one family's weights as another's.
-    metadata = {"format": MODEL_FORMAT, "family": model.config.family}
+    # family is refused on load instead of decoding one family's weights as another's. One
+    # metadata key only: safetensors writes several in a random order (a Rust HashMap), and
+    # the same weights must make the same bytes.
+    metadata = {"format": f"{MODEL_FORMAT};family={model.config.family}"}
     save_file(state, staging / "model.safetensors", metadata=metadata)
     atomic_write_json(
         staging / "config.json", {"format": MODEL_FORMAT, "model": model.config.to_dict()}
@@ -219,7 +224,7 @@ def load_model(folder: str | Path) -> Family:
         model_config = ModelConfig.from_dict(config["model"], source=str(config_path))
     except (KeyError, TypeError, ValueError) as error:
         raise CheckpointError(f"{config_path}: not a valid model config ({error})") from None
-    weights_family = weights_metadata(folder).get("family")
+    weights_family = weights_metadata(folder).get("family")  # None: saved before it was recorded
     if weights_family not in (None, model_config.family):
         raise CheckpointError(
             f"{config_path}: family {model_config.family!r}, but {folder / 'model.safetensors'} "

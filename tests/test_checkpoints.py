@@ -74,3 +74,15 @@ def test_truncated_weights_and_bad_config_fail_clearly(tmp_path):
     )
     with pytest.raises(ValueError, match="unknown keys \\['colour'\\]"):
         load_model(folder)
+
+
+def test_the_same_weights_make_the_same_bytes_and_carry_their_family(tmp_path):
+    model = tiny_model("setdlm", "dit")
+    copies = [save_model(model, tmp_path / f"copy-{i}") / "model.safetensors" for i in range(6)]
+    assert len({path.read_bytes() for path in copies}) == 1  # nothing written in random order
+    swapped = tmp_path / "copy-0" / "config.json"
+    config = json.loads(swapped.read_text())
+    config["model"] = tiny_model("bd3lm", "dit").config.to_dict()  # another family's config
+    swapped.write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="holds the weights of a setdlm model"):
+        load_model(tmp_path / "copy-0")

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from setdlm import validation
 from setdlm.errors import UserError
 from setdlm.validation import block_errors, budget_errors, knob_errors, warmup_errors
 from setdlm.workflow import datasets
@@ -35,7 +36,6 @@ from setdlm.workflow.layout import (
 )
 
 WORKFLOW_DIR = Path(__file__).resolve().parents[2] / "workflows"
-SCHEMA_PATH = WORKFLOW_DIR / "config" / "schema.yaml"
 MODELS_PATH = WORKFLOW_DIR / "config" / "models.yaml"
 # The TinySettings defaults the checks need (tests keep them equal to setdlm.tiny's; importing
 # setdlm.tiny here would load torch every time the DAG is built).
@@ -95,7 +95,7 @@ def validate(
     check_data: bool = True,
 ) -> dict:
     raw = json.loads(json.dumps(raw))  # plain dicts and lists (Snakemake hands OrderedDicts)
-    schema = load_yaml(SCHEMA_PATH)
+    schema = copy.deepcopy(validation.schema())  # the rules the command line obeys too
     errors = schema_errors(raw, schema)
     if errors:
         raise ConfigError(errors, source)
