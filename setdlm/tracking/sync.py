@@ -109,19 +109,24 @@ def ensure_experiment(client, name: str, artifact_root: str | None) -> str:
 
 def find_run(client, experiment_id: str, config_hash: str):
     """The run of a config hash (the oldest one if an earlier tool made several), or None."""
-    runs = client.search_runs(
-        [experiment_id],
-        filter_string=f"tags.`{IDENTITY_TAG}` = '{config_hash}'",
-        run_view_type=ViewType.ALL,
-        order_by=["attributes.start_time ASC"],
-        max_results=10,
-    )
+    runs = runs_tagged(client, experiment_id, IDENTITY_TAG, config_hash, ViewType.ALL)
     active = [run for run in runs if run.info.lifecycle_stage == "active"]
     runs = active or runs  # a deleted (superseded) run only when no active one exists
     if len(runs) > 1:
         others = ", ".join(run.info.run_id for run in runs[1:])
         _warn(f"config hash {config_hash} has {len(runs)} runs; keeping the oldest ({others} not)")
     return runs[0] if runs else None
+
+
+def runs_tagged(client, experiment_id: str, tag: str, value: str, view=ViewType.ACTIVE_ONLY):
+    """The runs of an experiment whose ``tag`` is ``value``, oldest first."""
+    return client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{tag}` = '{value}'",
+        run_view_type=view,
+        order_by=["attributes.start_time ASC"],
+        max_results=1000,
+    )
 
 
 def _is_synced(run, record: RunRecord) -> bool:
@@ -152,13 +157,7 @@ def _complete(client, run, record: RunRecord, experiment_id: str) -> None:
 
 def sweep_parent(client, experiment_id: str, sweep: str) -> str:
     """The parent run of a (task, model) sweep, created the first time one of its points is."""
-    runs = client.search_runs(
-        [experiment_id],
-        filter_string=f"tags.`{SWEEP_TAG}` = '{sweep}'",
-        run_view_type=ViewType.ACTIVE_ONLY,
-        order_by=["attributes.start_time ASC"],
-        max_results=1,
-    )
+    runs = runs_tagged(client, experiment_id, SWEEP_TAG, sweep)
     if runs:
         return runs[0].info.run_id
     model = sweep.rsplit("/", 1)[-1]
@@ -171,13 +170,7 @@ def supersede_others(client, experiment_id: str, record: RunRecord, run_id: str)
     """Runs of the same result folder with another configuration: that folder now holds this
     one's results, so they are tagged and moved out of the default view (soft-deleted)."""
     folder = record.tags["setdlm.result_dir"]
-    others = client.search_runs(
-        [experiment_id],
-        filter_string=f"tags.`setdlm.result_dir` = '{folder}'",
-        run_view_type=ViewType.ACTIVE_ONLY,
-        max_results=100,
-    )
-    for other in others:
+    for other in runs_tagged(client, experiment_id, "setdlm.result_dir", folder):
         if other.data.tags.get(IDENTITY_TAG) in (None, record.config_hash):
             continue
         client.set_tag(other.info.run_id, SUPERSEDED_TAG, run_id)
