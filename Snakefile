@@ -33,7 +33,10 @@ CONFIG_FILES = ", ".join(map(str, workflow.overwrite_configfiles)) or "workflows
 try:
     PLAN = workflow_plan.build(config, os.environ, source=CONFIG_FILES)
 except ConfigError as error:
-    raise WorkflowError(str(error)) from None
+    # The message alone, before any job is queued: it names every bad key (Snakemake's
+    # WorkflowError would add a traceback-like location of this line).
+    print(error, file=sys.stderr)
+    sys.exit(2)
 
 
 onstart:

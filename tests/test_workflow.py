@@ -206,10 +206,11 @@ def test_snakemake_refuses_a_bad_configuration_before_queueing_jobs(tmp_path, da
         env=environ(data_dir),
         timeout=120,
     )
-    assert result.returncode != 0
-    assert "tasks.gsm8k.thresholds[1]: 2.0 is not a confidence τ in (0, 1]" in (
-        result.stdout + result.stderr
-    )
+    assert result.returncode == 2
+    output = result.stdout + result.stderr
+    assert "tasks.gsm8k.thresholds[1]: 2.0 is not a confidence τ in (0, 1]" in output
+    assert f"invalid workflow configuration ({config})" in output  # names the file
+    assert "Traceback" not in output and 'File "' not in output  # the message alone
     assert not (tmp_path / "work" / "results").exists()
 
 
@@ -475,7 +476,11 @@ def test_each_table_target_needs_only_its_own_tasks(tmp_path, data_dir):
     assert set(counts) == {"prepare_data", "train_model", "evaluate", "table_infill", "total"}
     (tmp_path / "mini.yaml").write_text(yaml.safe_dump(MINI))
     code, output = dry_run("table_cnndm", "--configfile", str(tmp_path / "mini.yaml"))
-    assert code != 0 and "table_cnndm: the configuration has no task of this table" in output
+    assert code == 2 and "table_cnndm: the configuration has no task of this table" in output
+    assert "Traceback" not in output and "mini.yaml" in output  # the message, naming the file
+    code, output = dry_run("check", "--configfile", str(tmp_path / "mini.yaml"))
+    assert code == 2 and "check: the configuration sets no check.baseline" in output
+    assert "Traceback" not in output
 
 
 # ------------------------------------------------------------------------ the tiny run, e2e

@@ -4,15 +4,22 @@
 from setdlm.workflow.config import digest
 
 
+def refuse(message):
+    """A target this configuration cannot build: the message alone, exit code 2 (an exception
+    here would come with Snakemake's traceback)."""
+    print(f"{message} ({CONFIG_FILES})", file=sys.stderr)
+    sys.exit(2)
+
+
 def baseline(wildcards):
     if not PLAN.config["check"]["baseline"]:
-        raise ValueError("check: the configuration sets no check.baseline")
+        refuse("check: the configuration sets no check.baseline (the file to compare with)")
     return PLAN.config["check"]["baseline"]
 
 
 def not_configured(table):
     def fail(wildcards):
-        raise ValueError(
+        refuse(
             f"table_{table}: the configuration has no task of this table "
             f"({', '.join(layout.TABLES[table])})"
         )
