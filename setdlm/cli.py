@@ -25,6 +25,7 @@ from setdlm.validation import (
     knob_errors,
     option,
     raise_for,
+    tokenizer_errors,
 )
 
 
@@ -233,6 +234,7 @@ def _models(args) -> int:
 def _generate(args) -> int:
     from setdlm.core.decoding import DecodeConfig
     from setdlm.data.tokenizers import load_tokenizer
+    from setdlm.eval.commands import embedding_rows
     from setdlm.zoo import load_pretrained, load_tokenizer_for
 
     if not args.prompt.strip():
@@ -248,6 +250,7 @@ def _generate(args) -> int:
         + block_errors(args.block_size, length, "--block-size")
     )
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else load_tokenizer_for(loaded)
+    raise_for(tokenizer_errors(len(tokenizer), embedding_rows(loaded.model), "--tokenizer"))
     spec = loaded.spec
     prompt = tokenizer.encode(args.prompt, add_special_tokens=False)
     if not args.no_bos and tokenizer.bos_token_id is not None:

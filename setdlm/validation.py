@@ -166,6 +166,16 @@ def block_errors(block_size: int | None, length: int, where: str) -> list[str]:
     return []
 
 
+def tokenizer_errors(tokens: int, embedding_rows: int, where: str) -> list[str]:
+    """A tokenizer with ids the model has no embedding for (another model's tokenizer)."""
+    if tokens > embedding_rows:
+        return [
+            f"{where}: {tokens} tokens, but the model embeds only {embedding_rows} "
+            "(the tokenizer of another model?); expected the model's own tokenizer"
+        ]
+    return []
+
+
 def raise_for(errors: list[str]) -> None:
     if errors:
         raise SettingError("; ".join(errors))

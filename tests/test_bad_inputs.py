@@ -322,6 +322,16 @@ CASES = [
     ),
     Bad("eval-limit-fraction", EVAL.replace("--limit 2", "--limit 1.5"), ("--limit", "integer")),
     Bad("eval-device-bad-index", EVAL + " --device cuda:abc", ("--device", "cuda:N")),
+    Bad(
+        "generate-another-models-tokenizer",
+        GENERATE + " --tokenizer {data}/empty-gsm8k/tokenizers/gpt2",
+        ("--tokenizer", "50257 tokens", "embeds only 512"),
+    ),
+    Bad(
+        "eval-another-models-tokenizer",
+        EVAL + " --tokenizer {data}/empty-gsm8k/tokenizers/bert-base-uncased",
+        ("--tokenizer", "embeds only 512"),
+    ),
     # -------------------------------------------------------------------------- data files
     Bad(
         "cnndm-missing-keys",
@@ -364,6 +374,7 @@ CASES = [
         "eval likelihood --model {models}/ar --out {scratch}/l --data owt",
         ("openwebtext", "offline", "wikitext2"),
     ),
+    Bad("data-manifest-empty-folder", "data manifest {data}/no-manifest", ("no prepared dataset",)),
     Bad("parity-missing-folder", "parity {scratch}/fixtures", ("fixtures", "not a folder")),
     # ------------------------------------------------------------------- result folders
     Bad(

@@ -28,6 +28,7 @@ from setdlm.validation import (
     knob_errors,
     option,
     raise_for,
+    tokenizer_errors,
     warmup_errors,
 )
 
@@ -190,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
     check_arguments(args, loaded.model.config.family, loaded.model.config.length)
     loaded.model.to(_device(args.device))
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else load_tokenizer_for(loaded)
+    raise_for(tokenizer_errors(len(tokenizer), embedding_rows(loaded.model), "--tokenizer"))
     if args.task == "likelihood":
         from setdlm.eval.likelihood import run_likelihood
 
@@ -223,6 +225,11 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     return 0
+
+
+def embedding_rows(model) -> int:
+    """How many token ids the model can read: the rows of its backbone's embedding table."""
+    return model.backbone.vocab_size
 
 
 def _device(name: str):

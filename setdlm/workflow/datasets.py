@@ -207,6 +207,11 @@ def count_rows(path: Path) -> int:
 def write_manifest(out: Path) -> dict:
     """Merge every dataset's part manifest into ``out/manifest.json``."""
     parts = sorted(out.glob(f"*/{MANIFEST}"))
+    if not parts:
+        raise DataError(
+            f"{out}: no prepared dataset in it (no <dataset>/{MANIFEST}); "
+            "`setdlm data prepare --out FOLDER` writes them"
+        )
     files = [entry for part in parts for entry in json.loads(part.read_text())["files"]]
     manifest = {
         "files": sorted(files, key=lambda entry: entry["path"]),

@@ -268,6 +268,11 @@ class DiT(nn.Module):
     def num_layers(self) -> int:
         return self.config.num_layers
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids it embeds (rows of its embedding table)."""
+        return self.config.vocab_size
+
     def forward(
         self,
         input_ids: torch.Tensor,
