@@ -25,7 +25,13 @@ import yaml
 
 from setdlm import validation
 from setdlm.errors import UserError
-from setdlm.validation import block_errors, budget_errors, knob_errors, warmup_errors
+from setdlm.validation import (
+    block_errors,
+    budget_errors,
+    expectation,
+    knob_errors,
+    warmup_errors,
+)
 from setdlm.workflow import datasets
 from setdlm.workflow.layout import (
     DECODING_TASKS,
@@ -136,8 +142,8 @@ def schema_errors(instance: Any, schema: dict) -> list[str]:
                 f"{key_path([*path, error.instance])}: not a model name "
                 f"(ar, mdlm, bd3lm-s<S>, setdlm-smax<M>)"
             )
-        elif "x-expected" in error.schema:  # a rule the command line shares: its words
-            message = f"{key_path(path)}: {error.instance!r} is not {error.schema['x-expected']}"
+        elif _is_value_rule(error.schema):  # a rule the command line shares: the same words
+            message = f"{key_path(path)}: {error.instance!r} is not {expectation(error.schema)}"
             if _reads_as_number(error.instance):
                 message += " (YAML reads 1e6 as text; write 1.0e+6)"
             errors.append(message)
@@ -147,6 +153,14 @@ def schema_errors(instance: Any, schema: dict) -> list[str]:
                 message += " (YAML reads 1e6 as text; write 1.0e+6)"
             errors.append(message)
     return sorted(set(errors))
+
+
+def _is_value_rule(rule: dict) -> bool:
+    """A rule on one scalar value (a number's range, a choice), described the same way as
+    the command line describes it."""
+    types = rule.get("type", [])
+    types = {types} if isinstance(types, str) else set(types)
+    return "x-expected" in rule or "enum" in rule or bool(types & {"integer", "number"})
 
 
 def _reads_as_number(value: Any) -> bool:
