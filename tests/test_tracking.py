@@ -513,7 +513,8 @@ def _listening(port: int) -> bool:
 
 
 @pytest.mark.slow
-def test_stopping_setdlm_ui_stops_the_mlflow_server_and_its_workers(results, tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_stopping_setdlm_ui_stops_the_mlflow_server_and_its_workers(results, tmp_path, stop):
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     ui = subprocess.Popen(
@@ -530,8 +531,8 @@ def test_stopping_setdlm_ui_stops_the_mlflow_server_and_its_workers(results, tmp
             assert ui.poll() is None, "setdlm ui ended before its server answered"
             assert time.monotonic() < deadline, "the MLflow UI never answered"
             time.sleep(0.5)
-        ui.send_signal(signal.SIGTERM)  # what a terminal closing or `kill` sends
-        assert ui.wait(timeout=60) == 0
+        ui.send_signal(stop)  # `kill`, a closed terminal; or `kill -9`, which it cannot catch
+        assert ui.wait(timeout=60) == (0 if stop == signal.SIGTERM else -signal.SIGKILL)
         deadline = time.monotonic() + 30
         while _listening(port) and time.monotonic() < deadline:
             time.sleep(0.2)

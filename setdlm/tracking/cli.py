@@ -156,8 +156,12 @@ def ui_main(argv: list[str] | None = None) -> int:
 
 def serve_until_stopped(command: list[str], env: dict) -> int:
     """Run the server in its own process group and stop the whole group (its workers too)
-    when this process is stopped: Ctrl-C, SIGTERM or SIGHUP, or any error here."""
-    server = subprocess.Popen(command, env=env, start_new_session=True)
+    when this process is stopped: Ctrl-C, SIGTERM or SIGHUP, or any error here. Killed
+    outright (SIGKILL), this process cannot clean up: on Linux the server is then sent
+    SIGTERM by the kernel (its parent-death signal) and stops its workers itself."""
+    server = subprocess.Popen(
+        command, env=env, start_new_session=True, preexec_fn=_terminate_with_parent
+    )
 
     def stop(signum, frame):
         raise KeyboardInterrupt
@@ -171,6 +175,15 @@ def serve_until_stopped(command: list[str], env: dict) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         _stop_group(server)
+
+
+def _terminate_with_parent() -> None:
+    """In the server's process, before it runs: ask Linux for SIGTERM when its parent dies."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _stop_group(process: subprocess.Popen, grace_seconds: float = 10) -> None:
