@@ -160,6 +160,14 @@ def _result_folders(work: Path, models: Path) -> None:
     assert setdlm(argv) == 0
     assert setdlm(["report", "tables", str(run), "--out", str(work / "results/tables/done")]) == 0
     (work / "results" / "runs" / "empty").mkdir()
+    for name, edit in {
+        "metrics-not-json": lambda folder: (folder / "metrics.json").write_text("{broken"),
+        "metrics-a-list": lambda folder: (folder / "metrics.json").write_text("[1]"),
+        "metrics-without-quality": lambda folder: (folder / "metrics.json").write_text("{}"),
+        "torn-sample-line": lambda folder: (folder / "samples.jsonl").open("a").write("{oo\n"),
+    }.items():
+        shutil.copytree(run, work / "results" / "runs" / name)
+        edit(work / "results" / "runs" / name / "gsm8k" / "ar" / "default")
     (work / "results" / "runs" / "bad-layout" / "gsm8k" / "gpt" / "default").mkdir(parents=True)
     (work / "baselines").mkdir()
     (work / "baselines" / "not-json.json").write_text("{")
@@ -424,6 +432,31 @@ CASES = [
         ("no-tolerance.json", "tolerance"),
     ),
     Bad("compare-missing-runs", "compare {scratch}/a {scratch}/b", ("a",)),
+    Bad(
+        "report-metrics-not-json",
+        "report tables {results}/runs/metrics-not-json --out {scratch}/t",
+        ("metrics.json", "not valid JSON"),
+    ),
+    Bad(
+        "report-metrics-a-list",
+        "report figures {results}/runs/metrics-a-list --out {scratch}/f",
+        ("metrics.json", "not an evaluation's metrics"),
+    ),
+    Bad(
+        "check-metrics-without-quality",
+        "check --baseline {baselines}/no-tolerance.json {results}/runs/metrics-without-quality",
+        ("metrics.json", "'quality'"),
+    ),
+    Bad(
+        "compare-bad-sample-line",
+        "compare {results}/runs/done {results}/runs/torn-sample-line",
+        ("samples.jsonl:3", "not valid JSON"),
+    ),
+    Bad(
+        "sync-metrics-not-json",
+        "sync {results}/runs/metrics-not-json --tracking-uri sqlite:///{scratch}/m.db",
+        ("metrics.json", "JSON"),
+    ),
     # ----------------------------------------------------------------------------- MLflow
     Bad(
         "sync-unknown-uri-scheme",

@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from setdlm.errors import ArgumentParser
+from setdlm.errors import ArgumentParser, DataError
 from setdlm.tracking.results import MODELS_FOLDER as MODELS
 from setdlm.tracking.results import TRAINED_MARKER
 
@@ -46,9 +46,17 @@ def without_run_fields(value):
 
 
 def _samples(folder: Path) -> dict:
-    lines = (folder / "samples.jsonl").read_text(encoding="utf-8").splitlines()
-    records = [json.loads(line) for line in lines if line.strip()]
-    return {record["id"]: without_run_fields(record) for record in records}
+    path = folder / "samples.jsonl"
+    records = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise DataError(f"{path}:{number}: not valid JSON ({error})") from None
+        records[record["id"]] = without_run_fields(record)
+    return records
 
 
 def compare_points(name: str, left: Path, right: Path) -> list[str]:

@@ -121,6 +121,11 @@ def read_point(folder: Path, metrics_path: Path) -> ResultPoint:
         metrics = json.loads(metrics_path.read_text())
     except json.JSONDecodeError as error:
         raise ResultLayoutError(f"{metrics_path}: not valid JSON ({error})") from None
+    if not isinstance(metrics, dict) or not isinstance(metrics.get("quality"), dict):
+        raise ResultLayoutError(
+            f"{metrics_path}: not an evaluation's metrics (expected a JSON object with a "
+            "'quality' object, as `setdlm eval` writes)"
+        )
     _check_task(metrics_path, task, metrics)
     family, size = _parse_model(metrics_path, model, metrics)
     tau = _parse_point(metrics_path, point, family, metrics)
