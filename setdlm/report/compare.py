@@ -18,7 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-from setdlm.errors import ArgumentParser, DataError
+from setdlm.data.jsonl import read_jsonl
+from setdlm.errors import ArgumentParser
 from setdlm.tracking.results import MODELS_FOLDER as MODELS
 from setdlm.tracking.results import TRAINED_MARKER
 
@@ -46,17 +47,8 @@ def without_run_fields(value):
 
 
 def _samples(folder: Path) -> dict:
-    path = folder / "samples.jsonl"
-    records = {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise DataError(f"{path}:{number}: not valid JSON ({error})") from None
-        records[record["id"]] = without_run_fields(record)
-    return records
+    rows = read_jsonl(folder / "samples.jsonl")  # a bad line is named by file and line
+    return {row["id"]: without_run_fields(row) for _, row in rows}
 
 
 def compare_points(name: str, left: Path, right: Path) -> list[str]:
