@@ -20,12 +20,9 @@ from setdlm.validation import (
     THRESHOLD,
     WINDOW,
     SettingError,
-    block_errors,
     budget_errors,
-    knob_errors,
     option,
     raise_for,
-    tokenizer_errors,
 )
 
 
@@ -104,9 +101,7 @@ def _main(argv: list[str]) -> int:
     )
     generate.add_argument("--threshold", type=THRESHOLD, default=1e6, help="confidence τ")
     generate.add_argument("--window", type=WINDOW, default=None, help="SetDLM W")
-    generate.add_argument(
-        "--block-size", type=BLOCK_SIZE, default=None, help="MDLM/BD3LM block"
-    )
+    generate.add_argument("--block-size", type=BLOCK_SIZE, default=None, help="MDLM/BD3LM block")
     generate.add_argument("--sample", action="store_true", help="sample instead of greedy")
     generate.add_argument(
         "--top-p", type=option("$defs/unconditional/properties/top_p"), default=1.0
@@ -149,9 +144,7 @@ def _main(argv: list[str]) -> int:
     )
     decode.add_argument("--backbone", choices=("qwen3", "dit"), default="qwen3")
     decode.add_argument("--layers", type=option("$defs/train/properties/num_layers"), default=4)
-    decode.add_argument(
-        "--hidden", type=option("$defs/train/properties/hidden_size"), default=256
-    )
+    decode.add_argument("--hidden", type=option("$defs/train/properties/hidden_size"), default=256)
     decode.add_argument("--prompt-tokens", type=COUNT, default=32)
     decode.add_argument("--new-tokens", type=COUNT, default=128)
     decode.add_argument("--batch-size", type=BATCH_SIZE, default=1)
@@ -234,7 +227,7 @@ def _models(args) -> int:
 def _generate(args) -> int:
     from setdlm.core.decoding import DecodeConfig
     from setdlm.data.tokenizers import load_tokenizer
-    from setdlm.eval.commands import embedding_rows
+    from setdlm.eval.commands import decoding_option_errors, tokenizer_option_errors
     from setdlm.zoo import load_pretrained, load_tokenizer_for
 
     if not args.prompt.strip():
@@ -243,14 +236,10 @@ def _generate(args) -> int:
             "`setdlm eval unconditional`)"
         )
     loaded = load_pretrained(args.model)
-    family, length = loaded.model.config.family, loaded.model.config.length
-    knobs = {"window": args.window, "block_size": args.block_size}
-    raise_for(
-        knob_errors(family, knobs, "--{flag}", args.model)
-        + block_errors(args.block_size, length, "--block-size")
-    )
+    length = loaded.model.config.length
+    raise_for(decoding_option_errors(loaded.model, args.model, args.window, args.block_size))
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else load_tokenizer_for(loaded)
-    raise_for(tokenizer_errors(len(tokenizer), embedding_rows(loaded.model), "--tokenizer"))
+    raise_for(tokenizer_option_errors(tokenizer, loaded.model))
     spec = loaded.spec
     prompt = tokenizer.encode(args.prompt, add_special_tokens=False)
     if not args.no_bos and tokenizer.bos_token_id is not None:

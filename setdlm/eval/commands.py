@@ -153,6 +153,9 @@ def add_parsers(commands) -> None:
     )
 
 
+REJECT_KEYS = ("entropy", "length", "attempts")
+
+
 def _rejection(text: str) -> tuple[float, int, int]:
     """ENTROPY,LENGTH,MAX_ATTEMPTS, each by the schema's rule for unconditional.reject."""
     parts = text.split(",")
@@ -164,20 +167,19 @@ def _rejection(text: str) -> tuple[float, int, int]:
     return tuple(option(rule)(part) for rule, part in zip(rules, parts, strict=True))
 
 
-REJECT_KEYS = ("entropy", "length", "attempts")
+def decoding_option_errors(model, source: str, window: int | None, block_size: int | None):
+    """``--window`` and ``--block-size`` against the model: its family must have the knob and
+    a block must tile its length (the rules a workflow configuration is checked by)."""
+    family, length = model.config.family, model.config.length
+    knobs = {"window": window, "block_size": block_size}
+    return knob_errors(family, knobs, "--{flag}", source) + block_errors(
+        block_size, length, "--block-size"
+    )
 
 
-def check_arguments(args: argparse.Namespace, family: str, length: int) -> None:
-    """The rules between the options, and between them and the model (the same functions
-    check a workflow configuration)."""
-    if args.task == "likelihood":
-        return
-    errors = warmup_errors(args.warmup, args.limit, "--warmup", "--limit")
-    knobs = {"window": args.window, "block_size": args.block_size}
-    errors += knob_errors(family, knobs, "--{flag}", args.model)
-    errors += block_errors(args.block_size, length, "--block-size")
-    errors += budget_errors(getattr(args, "max_new_tokens", None), length, "--max-new-tokens")
-    raise_for(errors)
+def tokenizer_option_errors(tokenizer, model) -> list[str]:
+    """A tokenizer with ids the model's backbone has no embedding for."""
+    return tokenizer_errors(len(tokenizer), model.backbone.vocab_size, "--tokenizer")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -188,10 +190,17 @@ def run(args: argparse.Namespace) -> int:
     if args.task != "likelihood":  # before the model loads: the options alone are wrong
         raise_for(warmup_errors(args.warmup, args.limit, "--warmup", "--limit"))
     loaded = load_pretrained(args.model)
-    check_arguments(args, loaded.model.config.family, loaded.model.config.length)
-    loaded.model.to(_device(args.device))
+    model = loaded.model
+    if args.task != "likelihood":
+        raise_for(
+            decoding_option_errors(model, args.model, args.window, args.block_size)
+            + budget_errors(
+                getattr(args, "max_new_tokens", None), model.config.length, "--max-new-tokens"
+            )
+        )
+    model.to(_device(args.device))
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else load_tokenizer_for(loaded)
-    raise_for(tokenizer_errors(len(tokenizer), embedding_rows(loaded.model), "--tokenizer"))
+    raise_for(tokenizer_option_errors(tokenizer, model))
     if args.task == "likelihood":
         from setdlm.eval.likelihood import run_likelihood
 
@@ -225,11 +234,6 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     return 0
-
-
-def embedding_rows(model) -> int:
-    """How many token ids the model can read: the rows of its backbone's embedding table."""
-    return model.backbone.vocab_size
 
 
 def _device(name: str):
@@ -313,11 +317,10 @@ def _run_unconditional(args, loaded, tokenizer, base: DecodeConfig, out: Path, s
     )
 
     family = loaded.model.config.family
-    reject = _rejection(args.reject) if isinstance(args.reject, str) else args.reject
     changes = {
         "num_samples": args.samples,
         "max_new_tokens": args.max_new_tokens or loaded.model.config.length - 1,
-        "rejection": Rejection(*reject),
+        "rejection": Rejection(*args.reject),  # parsed by _rejection, the default included
     }
     if args.top_p is not None:
         changes["top_p"] = args.top_p
