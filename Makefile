@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 
-.PHONY: install run test lint bench clean
+.PHONY: install run reference test lint bench clean
 
 install: $(STAMP)
 
@@ -26,9 +26,21 @@ $(STAMP): pyproject.toml
 
 # The main job: the workflow's all_tables on the embedded tiny configuration (trains the four
 # tiny families, runs every task, fills MLflow, writes results/tables/tiny and
-# results/figures/tiny). Resumable: rerun it after an interruption and it continues.
+# results/figures/tiny, all git-ignored: a clone stays clean). Resumable: rerun it after an
+# interruption and it continues.
 run: $(STAMP)
 	$(BIN)/snakemake --profile workflows/profiles/local all_tables
+
+# The committed reference outputs (results/reference/tiny/) replaced by this run's tables and
+# figures: the one way they change. Commit them with the change that explains the difference;
+# the regression baseline has its own command (README: setdlm check ... --write).
+REFERENCE := results/reference/tiny
+reference: run
+	rm -rf $(REFERENCE)/tables $(REFERENCE)/figures
+	mkdir -p $(REFERENCE)
+	cp -r results/tables/tiny $(REFERENCE)/tables
+	cp -r results/figures/tiny $(REFERENCE)/figures
+	@echo "$(REFERENCE) now holds this run's tables and figures; review git diff, then commit"
 
 # pytest exits 5 when it collects no tests: that is a broken suite, not a pass.
 test: $(STAMP)
