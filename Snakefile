@@ -76,7 +76,7 @@ def threads_of(stage):
 
 wildcard_constraints:
     dataset="|".join(datasets.DATASETS),
-    model=r"ar|mdlm|bd3lm-s\d+|setdlm-smax\d+",
+    model=layout.MODEL_WILDCARD,
     domain="|".join(layout.DOMAINS),
     task="|".join(layout.TASKS),
     point=r"tau-[^/]+|default",

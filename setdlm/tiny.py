@@ -20,12 +20,16 @@ from setdlm.checkpoints import load_model, save_model
 from setdlm.core.decoding import DecodeConfig
 from setdlm.core.family import FAMILIES, ModelConfig, default_schedule
 from setdlm.data.loader import collate
-from setdlm.data.text import ChunkedLMDataset, load_wikitext2
+from setdlm.data.text import ChunkedLMDataset, PaddedRowsDataset, load_wikitext2
 from setdlm.data.tokenizers import SpecialTokens, load_tokenizer, train_bpe_tokenizer
-from setdlm.files import atomic_write_json, atomic_write_text
+from setdlm.eval import arithmetic
+from setdlm.files import atomic_write_json, atomic_write_text, sha256_file
 from setdlm.likelihood import evaluate_likelihood
+from setdlm.paths import data_path
 from setdlm.registry import build_model
 from setdlm.train import TrainConfig, latest_checkpoint, load_weights, train
+
+CORPORA = ("wikitext2", "arithmetic")
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,14 @@ class TinySettings:
     num_prompts: int = 4
     thresholds: tuple[float, ...] = (1e6, 0.5)
     seed: int = 0
+    # What the model is trained on: WikiText-2 in chunks, or the synthetic arithmetic problems
+    # (setdlm/eval/arithmetic.py), ``problems`` of them, one per row.
+    corpus: str = "wikitext2"
+    problems: int = 20000
+
+    def __post_init__(self):
+        if self.corpus not in CORPORA:
+            raise ValueError(f"corpus must be one of {CORPORA}, got {self.corpus!r}")
 
 
 def model_config(family: str, tokenizer, settings: TinySettings) -> ModelConfig:
@@ -102,6 +114,28 @@ def run_tiny(
     atomic_write_text(out / "summary.md", table + "\n")
     log(table)
     return summary
+
+
+def corpus_documents(settings: TinySettings) -> list[str]:
+    """The training documents of the settings' corpus."""
+    if settings.corpus == "arithmetic":
+        problems = arithmetic.generate("train", settings.problems, settings.seed)
+        return [f"{problem.question}\n{problem.answer}" for problem in problems]
+    return load_wikitext2().train
+
+
+def corpus_identity(settings: TinySettings) -> dict:
+    """What the training data is, for the model's identity."""
+    if settings.corpus == "arithmetic":
+        return arithmetic.identity("train", settings.problems, settings.seed)
+    return {"wikitext2": sha256_file(data_path("wikitext2", "wiki.test.raw"))}
+
+
+def training_set(settings: TinySettings, tokenizer, documents):
+    """WikiText-2 as full chunks across documents; arithmetic problems one per padded row."""
+    if settings.corpus == "arithmetic":
+        return PaddedRowsDataset(documents, tokenizer, settings.length)
+    return ChunkedLMDataset(documents, tokenizer, settings.length)
 
 
 def tiny_tokenizer(folder: Path, documents, settings: TinySettings):

@@ -20,10 +20,13 @@ def test_the_same_seed_gives_the_same_problems_and_another_seed_others():
     assert len({p.question for p in first} & {p.question for p in other}) < 5
 
 
-def test_train_and_test_are_disjoint_and_free_of_repeats():
-    train, test = arithmetic.generate("train", 3000, 0), arithmetic.generate("test", 300, 0)
+def test_train_and_test_are_disjoint_whatever_the_counts_and_seeds():
+    # the default run's sizes: 20,000 training problems, 300 test problems, other seeds
+    train, test = arithmetic.generate("train", 20000, 0), arithmetic.generate("test", 300, 7)
     arithmetic.check_disjoint(train, test)
-    assert len({p.question for p in train}) == 3000 and len({p.question for p in test}) == 300
+    assert len({p.question for p in train}) == 20000 and len({p.question for p in test}) == 300
+    assert {arithmetic.split_of(p.question) for p in train} == {"train"}
+    assert {arithmetic.split_of(p.question) for p in test} == {"test"}
     with pytest.raises(ValueError, match="in both train and test"):
         arithmetic.check_disjoint(train, train[:1])
 
@@ -36,14 +39,14 @@ def test_every_worked_solution_is_correct_and_reads_as_gsm8k():
         for line in steps:
             left, symbol, amount, result = STEP.match(line).groups()
             assert value is None or int(left) == value  # each step starts where the last ended
-            assert int(amount) < 100
+            assert int(amount) <= 9 and (symbol != "*" or amount == "2")  # one-digit amounts
             expected = {"+": int(left) + int(amount), "-": int(left) - int(amount)}.get(
                 symbol, int(left) * int(amount)
             )
-            assert int(result) == expected and 0 < expected < 200
+            assert int(result) == expected and 1 <= expected <= arithmetic.MAX_VALUE
             value = expected
         assert gsm8k.reference_answer(problem.answer).strip() == str(value)
-        assert problem.question.endswith("have now?")
+        assert problem.question.endswith("have?")
 
 
 def test_the_gsm8k_extraction_scores_it_unchanged():
@@ -66,3 +69,62 @@ def test_infilling_masks_one_middle_step():
     with pytest.raises(ValueError, match="is not one of its"):
         arithmetic.split_for_infilling(problem, step=5)
     assert arithmetic.identity("test", 300, 0)["generator"] == arithmetic.GENERATOR_VERSION
+
+
+def test_the_task_decodes_solutions_and_scores_infilled_steps(trained_arith_free_model):
+    """Examples of both variants on a random-weight model: the prompt is BOS + question + newline
+    (solve), the infilling input masks exactly the step's tokens, and the scores read the step."""
+    from setdlm.eval.arithmetic_task import ArithmeticSettings, ArithmeticTask
+
+    model, tokenizer = trained_arith_free_model
+    solve = ArithmeticTask(ArithmeticSettings(limit=5))
+    infill = ArithmeticTask(ArithmeticSettings(variant="infill", limit=5))
+    problem = arithmetic.generate("test", 1, 0)[0]
+    example = solve.examples(tokenizer, model)[0]
+    assert example.input_ids[0] == model.config.bos_token_id
+    assert tokenizer.decode(example.input_ids[1:]) == problem.question + "\n"
+    masked = infill.examples(tokenizer, model)[0]
+    before, step, after = arithmetic.split_for_infilling(problem)
+    masks = masked.input_ids.count(model.config.mask_token_id)
+    assert masks == len(tokenizer.encode(step, add_special_tokens=False)) > 0
+    assert masked.reference == step
+    result = step.rsplit("= ", 1)[1]
+    assert infill.score(masked, step) == {"step_exact": 1.0, "result_exact": 1.0}
+    wrong_operand = step.replace(step.split()[0], "99", 1)
+    assert infill.score(masked, wrong_operand) == {"step_exact": 0.0, "result_exact": 1.0}
+    assert infill.score(masked, step[: -len(result)] + "0")["result_exact"] == (result == "0")
+    aggregated = solve.aggregate(
+        [{"scores": {"strict_match": v, "flexible_extract": v}} for v in (1.0, 0.0, 1.0, 1.0)]
+    )
+    low, high = aggregated["strict_match"]["bootstrap_95"]
+    assert aggregated["strict_match"]["value"] == 0.75 and 0 <= low < 0.75 < high <= 1
+
+
+@pytest.fixture(scope="module")
+def trained_arith_free_model(tmp_path_factory):
+    """A random-weight SetDLM with the arithmetic tokenizer (no training needed here)."""
+    from setdlm.data.tokenizers import SpecialTokens, train_bpe_tokenizer
+    from setdlm.tiny import TinySettings, build_tiny_model
+
+    settings = TinySettings(corpus="arithmetic", problems=500)
+    texts = [f"{p.question}\n{p.answer}" for p in arithmetic.generate("train", 500, 0)]
+    tokenizer = train_bpe_tokenizer(texts, 512, SpecialTokens(), tmp_path_factory.mktemp("tok"))
+    return build_tiny_model("setdlm", tokenizer, settings), tokenizer
+
+
+def test_padded_rows_start_at_bos_end_in_eos_and_refuse_a_long_document(
+    trained_arith_free_model,
+):
+    from setdlm.data.text import PaddedRowsDataset
+
+    _, tokenizer = trained_arith_free_model
+    rows = PaddedRowsDataset(
+        ["Ada has 5 apples.", "Ben has 7 pens. Ben gets 2 more pens."], tokenizer, 32
+    )
+    first = rows[0]["input_ids"].tolist()
+    assert len(first) == 32 and first[0] == tokenizer.bos_token_id
+    body = tokenizer.encode("Ada has 5 apples.", add_special_tokens=False)
+    assert first[1 : 1 + len(body)] == body
+    assert set(first[1 + len(body) :]) == {tokenizer.eos_token_id}  # EOS, then EOS fill
+    with pytest.raises(ValueError, match="document 0 takes .* more than the row length 4"):
+        PaddedRowsDataset(["Ada has 5 apples."], tokenizer, 4)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from configs import tiny_with_paper_tasks
 from workflow_env import environ
 
 from setdlm.cli import main as setdlm
@@ -109,7 +110,7 @@ def _data_folders(root: Path, data_dir: Path) -> None:
 
 def _configs(root: Path) -> None:
     root.mkdir()
-    tiny = yaml.safe_load(TINY_CONFIG.read_text())
+    tiny = tiny_with_paper_tasks()
     (root / "not-yaml.yaml").write_text("name: [unclosed\n")
     (root / "a-list.yaml").write_text("- 1\n- 2\n")
 

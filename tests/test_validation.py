@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-from pathlib import Path
 
 import pytest
-import yaml
+from configs import tiny_with_paper_tasks
 
 from setdlm import validation
 from setdlm.workflow.config import ConfigError, validate
 
-TINY = yaml.safe_load((Path(__file__).parents[1] / "workflows/config/tiny.yaml").read_text())
+TINY = tiny_with_paper_tasks()
 
 # (option type, configuration key, where the value goes in tiny.yaml, bad values)
 SHARED = [

@@ -143,3 +143,42 @@ class ChunkedLMDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         input_ids = self.input_ids[index]  # (L,)
         return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+
+
+class PaddedRowsDataset(torch.utils.data.Dataset):
+    """One document per row: BOS + document + EOS, filled up to ``length`` with more EOS.
+
+    For short, self-contained documents (the arithmetic problems): every row starts where a
+    prompt starts at evaluation, and the EOS fill is trained on like any token (the mask is all
+    ones), so every family learns to end a solution and what follows the end. Items are
+    ``{"input_ids": (L,), "attention_mask": (L,)}`` like ``ChunkedLMDataset``'s.
+    """
+
+    def __init__(self, documents: Sequence[str], tokenizer: PreTrainedTokenizerBase, length: int):
+        bos_id, eos_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+        if bos_id is None or eos_id is None:
+            raise ValueError(
+                f"tokenizer {tokenizer.name_or_path!r} needs bos and eos tokens for rows "
+                f"(bos_token_id={bos_id}, eos_token_id={eos_id})"
+            )
+        encoded = tokenizer(list(documents), add_special_tokens=False)["input_ids"]
+        rows = []
+        for index, document in enumerate(encoded):
+            row = [bos_id, *document, eos_id]
+            if len(row) > length:
+                raise ValueError(
+                    f"document {index} takes {len(row)} tokens with BOS and EOS, more than the "
+                    f"row length {length}: {documents[index][:60]!r}..."
+                )
+            rows.append(row + [eos_id] * (length - len(row)))
+        if not rows:
+            raise ValueError("no documents to make rows of")
+        self.input_ids = torch.tensor(rows, dtype=torch.long)  # (N, L)
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        input_ids = self.input_ids[index]  # (L,)
+        return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}

@@ -1,14 +1,14 @@
 """A synthetic, GSM8K-shaped task made by seeded code: short multi-step arithmetic word problems.
 
-Each problem is a story over a name and an object with two or three operations on one- or
-two-digit numbers (gets more, gives away, doubles or triples), a worked solution of one line per
-operation (``5 + 3 = 8``) and a final ``#### <answer>`` line, so the GSM8K answer extraction
-scores it unchanged. Small enough for a CPU-trained model to learn, with the structure the
-paper's GSM8K points measure (a chain of steps, one final number).
+Each problem is a story over a name and an object with two or three operations (gets more,
+gives away: one-digit amounts; doubles), every count between 1 and 49, a worked solution of
+one line per operation (``15 + 3 = 18``) and a final ``#### <answer>`` line, so the GSM8K
+answer extraction scores it unchanged. Small enough for a CPU-trained model to learn, with the
+structure the paper's GSM8K points measure (a chain of steps, one final number).
 
-The problems are a function of (generator version, split, seed, index) only. Train and test
-draw from separate random streams, and the test set also skips every question that the train
-set of the same seed holds, so the two are disjoint by construction and checked to be.
+The problems are a function of (generator version, split, seed, index) only. Each question
+belongs to one split by a hash of its text, and each split draws from its own random stream,
+so train and test are disjoint by construction for any counts and seeds (and checked to be).
 ``identity`` is what a result depends on (part of its configuration hash).
 
 The infilling variant masks one middle solution step: the context before and after it is
@@ -17,12 +17,14 @@ given, the step is decoded in place and scored by exact match (``split_for_infil
 
 from __future__ import annotations
 
+import hashlib
 import random
 from dataclasses import dataclass
 
 from setdlm.eval.gsm8k import Problem
 
-GENERATOR_VERSION = "arithmetic-1"
+GENERATOR_VERSION = "arithmetic-2"
+SPLITS = ("train", "test")
 NAMES = (
     "Ada", "Ben", "Cleo", "Dev", "Eva", "Finn", "Gus", "Hana", "Ivo", "Jun", "Kai", "Lea",
 )  # fmt: skip
@@ -30,6 +32,9 @@ OBJECTS = (
     "apples", "books", "cards", "coins", "eggs", "marbles", "pens", "shells", "stamps",
     "stickers", "stones", "tickets",
 )  # fmt: skip
+MAX_START = 30  # the first count: one or two digits
+MAX_VALUE = 49  # every count stays in 1..49
+MAX_DOUBLED = 40  # "doubles" only where the result stays small
 
 
 @dataclass(frozen=True)
@@ -58,20 +63,27 @@ def identity(split: str, count: int, seed: int) -> dict:
 
 
 def generate(split: str, count: int, seed: int) -> list[Problem]:
-    """``count`` problems of ``split`` ("train" or "test"); the test problems of a seed never
-    repeat a question of the train problems of the same seed (any count up to ``count``)."""
-    if split not in ("train", "test"):
+    """``count`` problems of ``split`` ("train" or "test"), each question once. A question
+    belongs to one split by its hash (``split_of``), so train and test never share one,
+    whatever the counts; ``seed`` picks which problems of the split are drawn."""
+    if split not in SPLITS:
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    excluded = {p.question for p in generate("train", count, seed)} if split == "test" else set()
     rng = random.Random(f"{GENERATOR_VERSION}:{split}:{seed}")
     problems, seen = [], set()
     while len(problems) < count:
         question, answer = _problem(rng)
-        if question in excluded or question in seen:
-            continue  # keeps the sets disjoint and each free of repeats
+        if split_of(question) != split or question in seen:
+            continue  # keeps the splits disjoint and each free of repeats
         seen.add(question)
         problems.append(Problem(f"{split}-{len(problems)}", question, answer))
     return problems
+
+
+def split_of(question: str) -> str:
+    """The split a question belongs to: "test" for about 1 in 8 questions, by a hash that is
+    the same on every platform and Python version."""
+    digest = hashlib.blake2b(question.encode(), digest_size=1).digest()[0]
+    return "test" if digest < 32 else "train"
 
 
 def check_disjoint(train: list[Problem], test: list[Problem]) -> None:
@@ -83,7 +95,7 @@ def check_disjoint(train: list[Problem], test: list[Problem]) -> None:
 def _problem(rng: random.Random) -> tuple[str, str]:
     name, other = rng.sample(NAMES, 2)
     thing = rng.choice(OBJECTS)
-    value = rng.randint(2, 60)
+    value = rng.randint(2, MAX_START)
     sentences = [f"{name} has {value} {thing}."]
     lines = []
     for _ in range(rng.choice((2, 3))):
@@ -92,19 +104,24 @@ def _problem(rng: random.Random) -> tuple[str, str]:
         sentences.append(operation.sentence(name, thing, other))
         lines.append(f"{value} {operation.symbol} {operation.amount} = {result}")
         value = result
-    question = " ".join(sentences) + f" How many {thing} does {name} have now?"
+    question = " ".join(sentences) + f" How many {thing} does {name} have?"
     return question, "\n".join([*lines, f"#### {value}"])
 
 
 def _operation(rng: random.Random, value: int) -> Operation:
-    """An operation that keeps the count positive and below 200 (one- or two-digit amounts)."""
-    allowed = (("+", value < 190), ("-", value > 1), ("*", value <= 60))
+    """An operation on a one-digit amount that keeps the count in 1..MAX_VALUE: small enough
+    a table of sums for a 2-layer model to learn in minutes, still a chain of 2-3 steps."""
+    allowed = (
+        ("+", value < MAX_VALUE),
+        ("-", value > 1),
+        ("*", 2 * value <= MAX_DOUBLED),
+    )
     symbol = rng.choice([symbol for symbol, ok in allowed if ok])
     if symbol == "+":
-        return Operation("+", rng.randint(1, min(99, 199 - value)))
+        return Operation("+", rng.randint(1, min(9, MAX_VALUE - value)))
     if symbol == "-":
-        return Operation("-", rng.randint(1, min(99, value - 1)))
-    return Operation("*", rng.choice((2, 3)))
+        return Operation("-", rng.randint(1, min(9, value - 1)))
+    return Operation("*", 2)
 
 
 def split_for_infilling(problem: Problem, step: int | None = None) -> tuple[str, str, str]:

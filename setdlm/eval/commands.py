@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from setdlm.core.decoding import DecodeConfig
+from setdlm.eval.arithmetic_task import ArithmeticSettings
 from setdlm.validation import (
     BATCH_SIZE,
     BLOCK_SIZE,
@@ -32,7 +33,7 @@ from setdlm.validation import (
     warmup_errors,
 )
 
-TASKS = ("gsm8k", "cnndm", "infill", "unconditional", "likelihood")
+TASKS = ("gsm8k", "cnndm", "infill", "unconditional", "likelihood", "arithmetic")
 
 
 def add_parsers(commands) -> None:
@@ -46,6 +47,7 @@ def add_parsers(commands) -> None:
             ("infill", "ROCStories infilling (infill-1 / infill-3), ROUGE-1/2/L"),
             ("unconditional", "samples from BOS: MAUVE (bootstrap), gen-PPL, unigram entropy"),
             ("likelihood", "held-out NLL / PPL / bits per token and byte"),
+            ("arithmetic", "the synthetic arithmetic problems: solve (GSM8K extraction) or infill"),
         ]
     }
     for name, parser in parsers.items():
@@ -97,6 +99,20 @@ def add_parsers(commands) -> None:
         "--skip-too-long",
         action="store_true",
         help="skip stories longer than the model (counted) instead of failing",
+    )
+    arithmetic = parsers["arithmetic"]
+    arithmetic.add_argument("--variant", choices=("solve", "infill"), default="solve")
+    arithmetic.add_argument(
+        "--problem-seed",
+        type=option("$defs/arithmetic-solve/properties/problem_seed"),
+        default=0,
+        help="which test problems are drawn",
+    )
+    arithmetic.add_argument(
+        "--max-new-tokens",
+        type=NEW_TOKENS,
+        default=ArithmeticSettings.max_new_tokens,
+        help="solve: the budget",
     )
     unconditional = parsers["unconditional"]
     unconditional.add_argument(
@@ -284,6 +300,18 @@ def _run_point(args, loaded, tokenizer, threshold: float, out: Path, settings) -
             )
         )
         decode = infill_decode_config(source, base)
+    elif args.task == "arithmetic":
+        from setdlm.eval.arithmetic_task import ArithmeticTask, arithmetic_decode_config
+
+        task = ArithmeticTask(
+            ArithmeticSettings(
+                variant=args.variant,
+                limit=args.limit or ArithmeticSettings.limit,
+                problem_seed=args.problem_seed,
+                max_new_tokens=args.max_new_tokens,
+            )
+        )
+        decode = arithmetic_decode_config(model, base)
     else:
         return _run_unconditional(args, loaded, tokenizer, base, out, settings)
     if args.window:
@@ -291,7 +319,7 @@ def _run_point(args, loaded, tokenizer, threshold: float, out: Path, settings) -
     if args.block_size:
         decode = decode.replace(block_size=args.block_size)
     metrics = run_evaluation(task, model, tokenizer, decode, out, settings, model_source=args.model)
-    if args.paper_throughput:
+    if getattr(args, "paper_throughput", 0):  # the tasks with a paper speed protocol
         from setdlm.eval.throughput import paper_throughput
 
         paper_throughput(

@@ -31,6 +31,7 @@ from pathlib import Path
 from setdlm.core.decoding import DecodeConfig
 from setdlm.data.jsonl import read_jsonl
 from setdlm.errors import DataError
+from setdlm.eval.intervals import bootstrap_95
 from setdlm.eval.runner import Example, Task
 from setdlm.hub import load_hub_dataset
 from setdlm.paths import data_dir, data_path
@@ -327,16 +328,18 @@ METRIC_DEFINITIONS = {
 
 
 # --------------------------------------------------------------------------------------- task
-def gsm8k_decode_config(model, base: DecodeConfig | None = None) -> DecodeConfig:
+def gsm8k_decode_config(
+    model, base: DecodeConfig | None = None, mdlm_block: int | None = None
+) -> DecodeConfig:
     """The paper's GSM8K family knobs (SPEC 5.1 "Pareto settings") on top of ``base``: MDLM
-    blocks of 32 without cache, BD3LM blocks of its S, SetDLM W = d with the first-hitting
-    cache order."""
+    blocks of 32 (or ``mdlm_block``) without cache, BD3LM blocks of its S, SetDLM W = d with
+    the first-hitting cache order."""
     from setdlm.zoo import TASKS
 
     base = base or DecodeConfig()
     config = model.config
     if config.family == "mdlm":
-        return base.replace(block_size=TASKS["gsm8k"]["mdlm_block"])
+        return base.replace(block_size=mdlm_block or TASKS["gsm8k"]["mdlm_block"])
     if config.family == "bd3lm":
         return base.replace(block_size=config.block_size)
     if config.family == "setdlm":
@@ -417,12 +420,15 @@ class GSM8KTask(Task):
 
     def aggregate(self, records: list[dict]) -> dict[str, dict]:
         template = ",".join(sorted(self.templates_used)) or "unknown"
+        columns = {name: [r["scores"][name] for r in records] for name in METRIC_DEFINITIONS}
+        intervals = bootstrap_95(columns)
         quality = {}
         for name, definition in METRIC_DEFINITIONS.items():
-            values = [r["scores"][name] for r in records]
+            values = columns[name]
             quality[name] = {
                 "value": sum(values) / len(values),
                 "count": int(sum(values)),
+                "bootstrap_95": intervals[name],
                 "definition": definition,
                 "protocol": self.protocol.name,
                 "prompt_template": template,

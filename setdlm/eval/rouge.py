@@ -23,8 +23,9 @@ import importlib.metadata
 import statistics
 from dataclasses import asdict, dataclass
 
-import numpy as np
 from rouge_score import rouge_scorer
+
+from setdlm.eval.intervals import bootstrap_95
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 _DEFINITIONS = {
@@ -80,18 +81,16 @@ def aggregate_rouge(per_example: list[dict[str, float]], settings: RougeSettings
     """{type: {"value": mean F1, "definition", "bootstrap_95": [low, high], "settings"}}."""
     if not per_example:
         raise ValueError("no per-example ROUGE scores to aggregate")
-    rng = np.random.default_rng(settings.bootstrap_seed)
     count = len(per_example)
+    columns = {name: [scores[name] for scores in per_example] for name in settings.rouge_types}
     # One shared set of resamples for every type, as rouge_score's aggregator does.
-    resamples = rng.integers(0, count, size=(settings.bootstrap_samples, count))  # (S, N)
+    intervals = bootstrap_95(columns, settings.bootstrap_samples, settings.bootstrap_seed)
     metrics = {}
-    for name in settings.rouge_types:
-        values = np.array([scores[name] for scores in per_example], dtype=np.float64)  # (N,)
-        means = values[resamples].mean(axis=1)  # (S,)
+    for name, values in columns.items():
         metrics[name] = {
-            "value": statistics.fmean(values.tolist()),
+            "value": statistics.fmean(values),
             "definition": f"{_DEFINITIONS[name]}, mean over {count} examples",
-            "bootstrap_95": [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))],
+            "bootstrap_95": intervals[name],
             "settings": settings.to_dict(),
         }
     return metrics

@@ -60,6 +60,7 @@ def decoding_fields(output, row: int, seconds: float, batch_size: int) -> dict:
         "stopped": output.stopped[row],
         "nfe": output.row_forwards[row],
         "steps": output.row_steps[row],
+        "positions_evaluated": output.row_positions[row],
         "parallelism": output.parallelism[row],
         "latency_seconds": seconds,
         "seconds": seconds / batch_size,
@@ -84,6 +85,11 @@ def summarize_speed(records: list[dict]) -> dict:
     latency = [r["latency_seconds"] for r in timed]
     tokens = [r["generated_tokens"] for r in timed]
     per_example = [t / s for t, s in zip(tokens, latency, strict=True) if s > 0]
+    # records written before positions were counted have none: the metric is then absent
+    positions = [r.get("positions_evaluated") for r in timed]
+    per_token = None
+    if None not in positions and sum(tokens):
+        per_token = sum(positions) / sum(tokens)
     return {
         "timed_examples": len(timed),
         "warmup_examples": len(records) - len(timed),
@@ -91,9 +97,15 @@ def summarize_speed(records: list[dict]) -> dict:
         "tokens_per_second_aggregate": sum(tokens) / sum(seconds) if sum(seconds) else 0.0,
         "tokens_per_second_mean": statistics.mean(per_example) if per_example else 0.0,
         "tokens_per_second_std": statistics.pstdev(per_example) if per_example else 0.0,
+        "tokens_per_second_min": min(per_example, default=0.0),
+        "tokens_per_second_median": statistics.median(per_example) if per_example else 0.0,
+        "tokens_per_second_max": max(per_example, default=0.0),
         "latency_seconds_p50": _percentile(latency, 0.50),
         "latency_seconds_p95": _percentile(latency, 0.95),
         "nfe_mean": statistics.mean(r["nfe"] for r in timed),
         "nfe_total": sum(r["nfe"] for r in timed),
         "parallelism_mean": statistics.mean(r["parallelism"] for r in timed),
+        # backbone positions computed per generated token: 1 for AR with a cache, more for
+        # families that recompute or predict positions they do not commit
+        "positions_per_token": per_token,
     }

@@ -10,18 +10,29 @@ difference is allowed::
 
 ``tolerance`` is an absolute difference, ``rel_tolerance`` a fraction of the baseline value; a
 metric passes if it is within either. ``--write`` records every metric that is deterministic on
-a CPU (quality, example counts, NFE, parallelism, generated tokens) with tolerance 0. Timings
-(tokens/s, latency, memory) depend on the machine and its load, so they are left out; a
-maintainer may add one by hand with a loose declared tolerance, and later ``--write`` runs keep
-that tolerance and only refresh the value. Each point also records its config hash and
-hardware, named in the hints when a check fails.
+a CPU (quality, example counts, NFE, parallelism, positions per token, generated tokens) with
+tolerance 0. Timings (tokens/s, latency, memory) depend on the machine and its load, so they
+are left out; a maintainer may add one by hand with a loose declared tolerance, and later
+``--write`` runs keep that tolerance and only refresh the value. Each point also records its
+config hash and hardware, named in the hints when a check fails.
 
-Float results are reproducible on one kind of CPU, not across kinds: another SIMD width or
-thread count sums in another order, and a trained model amplifies the difference into other
-tokens. So each point also records its numerics (CPU capability, torch threads, device). When
-a result was computed with other numerics than its baseline, its values cannot be compared
-exactly: the check then only requires every recorded metric to be present and finite, and
-example counts to match, and says so (a note, not a pass disguised as an exact one).
+Float results are reproducible on one CPU model with one thread count, not across them:
+another SIMD width, vendor or thread count sums in another order, and training and decoding
+amplify the difference into other weights and tokens. So each point also records its numerics
+(device, CPU model, CPU capability, torch threads). Where they match, the check is exact (the
+tolerances above). Where they differ, each metric is held to its declared ``across_numerics``
+rule instead, which ``--write`` records beside the value:
+
+- ``{"statistical": true}`` for a quality mean with a 95 % bootstrap interval: the difference
+  of two independent estimates must stay within sqrt(h_baseline^2 + h_now^2) + 1/n, h the
+  half-widths of the two intervals and n the examples (one example of slack). On 300 problems
+  that is at most 8.3 percentage points, so an accuracy 10 points lower fails on every CPU;
+- ``{"rel_tolerance": r}`` for counted speed (NFE, parallelism, positions per token, generated
+  tokens: 10 %), likelihood (NLL, perplexity, bits: 5 %) and the noisy few-sample quality of
+  unconditional generation (50 %: MAUVE and gen-PPL of three samples);
+- exact for example counts, whatever the machine.
+
+A note names every point compared by these rules rather than exactly.
 """
 
 from __future__ import annotations
@@ -42,9 +53,15 @@ EXACT_SPEED = (
     "nfe_mean",
     "nfe_total",
     "parallelism_mean",
+    "positions_per_token",
     "timed_examples",
     "warmup_examples",
 )
+COUNTS = ("examples", "speed.timed_examples", "speed.warmup_examples")
+# The across-numerics rules (module docstring): relative tolerances by kind of metric.
+COUNTED_SPEED_TOLERANCE = 0.10
+LIKELIHOOD_TOLERANCE = 0.05
+FEW_SAMPLE_TOLERANCE = 0.50
 ABOUT = (
     "setdlm check baseline: per result point, per metric (dotted path into metrics.json), the "
     "value and the allowed difference (tolerance: absolute; rel_tolerance: fraction of the "
@@ -110,19 +127,62 @@ def _validate(path: Path, key: str, metric: str, spec) -> None:
         raise BaselineError(f"{where}: declare a tolerance (0 for exact) or a rel_tolerance")
     if not all(_is_number(t) and t >= 0 for t in tolerances):
         raise BaselineError(f"{where}: tolerances must be numbers >= 0, got {tolerances}")
+    rule = spec.get("across_numerics")
+    if rule is not None and not _valid_rule(rule):
+        raise BaselineError(
+            f"{where}: across_numerics must be {{'statistical': true}}, {{'tolerance': x}} or "
+            f"{{'rel_tolerance': x}} with x >= 0, got {rule!r}"
+        )
+
+
+def _valid_rule(rule) -> bool:
+    if not isinstance(rule, dict):
+        return False
+    if rule.get("statistical") is True:
+        return True
+    values = [rule.get(name) for name in ("tolerance", "rel_tolerance") if name in rule]
+    return bool(values) and all(_is_number(v) and v >= 0 for v in values)
 
 
 def numerics(metrics: dict) -> dict:
     """What float results depend on besides code and config."""
     hardware = metrics.get("hardware") or {}
-    return {key: hardware.get(key) for key in ("device", "cpu_capability", "torch_threads")}
+    return {key: hardware.get(key) for key in ("device", "cpu", "cpu_capability", "torch_threads")}
+
+
+def across_numerics_rule(point: ResultPoint, metric: str) -> dict:
+    """How ``metric`` of ``point`` is compared when computed with other numerics."""
+    if metric in COUNTS:
+        return {"tolerance": 0}
+    if metric.startswith("speed."):
+        return {"rel_tolerance": COUNTED_SPEED_TOLERANCE}
+    name = metric.split(".")[1]
+    if interval_of(point.metrics, name) is not None:
+        return {"statistical": True}
+    if point.task.startswith("likelihood-"):
+        return {"rel_tolerance": LIKELIHOOD_TOLERANCE}
+    return {"rel_tolerance": FEW_SAMPLE_TOLERANCE}
+
+
+def interval_of(metrics: dict, name: str) -> list[float] | None:
+    interval = metrics.get("quality", {}).get(name, {}).get("bootstrap_95")
+    if isinstance(interval, list) and len(interval) == 2 and all(map(_is_number, interval)):
+        return interval
+    return None
+
+
+def statistical_tolerance(baseline_interval, now_interval, examples: int) -> float:
+    """The difference two independent estimates may show: their half-widths in quadrature,
+    plus one example's worth."""
+    half = [(high - low) / 2 for low, high in (baseline_interval, now_interval)]
+    return math.hypot(*half) + 1 / max(examples, 1)
 
 
 def compare(results: Results, baseline: dict, notes: list[str] | None = None):
     """Every difference between the results and the baseline, and the metrics compared.
 
-    Points computed with other numerics than recorded are compared for presence and
-    finiteness only (and exact example counts); a line per such point is added to ``notes``.
+    Points computed with other numerics than recorded are compared by each metric's
+    ``across_numerics`` rule (the module docstring); a line per such point goes to ``notes``.
     """
     found = {point.key: point for point in results.points}
     expected = baseline["points"]
@@ -138,24 +198,22 @@ def compare(results: Results, baseline: dict, notes: list[str] | None = None):
         exact = recorded is None or recorded == numerics(point.metrics)
         if not exact and notes is not None:
             notes.append(
-                f"note: {key}: computed with {numerics(point.metrics)}, the baseline with "
-                f"{recorded}: values checked for presence and finiteness only"
+                f"note: {key}: computed with {_numerics_text(numerics(point.metrics))}, the "
+                f"baseline with {_numerics_text(recorded)}: compared by the across-numerics "
+                "rules (statistical for quality with an interval, declared relative "
+                "tolerances otherwise), not exactly"
             )
         for metric, spec in sorted(specs.items()):
             compared += 1
             now = lookup(point.metrics, metric)
+            rule = spec if exact else _across(point, metric, spec)
             if now is None:
                 differences.append(
-                    Difference(key, metric, _show(spec["value"]), "missing", _tolerance(spec))
+                    Difference(key, metric, _show(spec["value"]), "missing", _tolerance(rule))
                 )
-            elif not exact and metric != "examples":
-                if not math.isfinite(now) and math.isfinite(spec["value"]):
-                    differences.append(
-                        Difference(key, metric, _show(spec["value"]), _show(now), "finite")
-                    )
-            elif not within(now, spec):
+            elif not within(now, rule):
                 differences.append(
-                    Difference(key, metric, _show(spec["value"]), _show(now), _tolerance(spec))
+                    Difference(key, metric, _show(spec["value"]), _show(now), _tolerance(rule))
                 )
         for metric in sorted(set(checked_metrics(point)) - set(specs)):
             now = _show(lookup(point.metrics, metric))
@@ -165,6 +223,30 @@ def compare(results: Results, baseline: dict, notes: list[str] | None = None):
             Difference(key, "(whole point)", "not in baseline", "present (extra point)", "-")
         )
     return differences, compared
+
+
+def _across(point: ResultPoint, metric: str, spec: dict) -> dict:
+    """The baseline value with the tolerance of its across-numerics rule (recorded, or the
+    rule for results written before rules were recorded)."""
+    rule = spec.get("across_numerics")
+    if rule is None and metric not in checked_metrics(point):
+        return spec  # added by hand with its own tolerance: that one holds everywhere
+    rule = rule or across_numerics_rule(point, metric)
+    if not rule.get("statistical"):
+        return {"value": spec["value"], **rule}
+    name = metric.split(".")[1]
+    now, recorded = interval_of(point.metrics, name), spec.get("bootstrap_95")
+    if now is None or recorded is None:  # nothing to build the tolerance from: exact
+        return {"value": spec["value"], "tolerance": 0}
+    examples = point.metrics.get("examples") or 1
+    tolerance = statistical_tolerance(recorded, now, examples)
+    return {"value": spec["value"], "tolerance": tolerance, "statistical": True}
+
+
+def _numerics_text(numerics: dict | None) -> str:
+    if not numerics:
+        return "unrecorded numerics"
+    return ", ".join(f"{key} {value}" for key, value in numerics.items())
 
 
 def within(now: float, spec: dict) -> bool:
@@ -183,12 +265,22 @@ def updated_baseline(results: Results, previous: dict | None) -> dict:
     for point in results.points:
         old = old_points.get(point.key, {}).get("metrics", {})
         metrics = {}
-        for metric in sorted(set(checked_metrics(point)) | set(old)):
+        recorded = checked_metrics(point)
+        for metric in sorted(set(recorded) | set(old)):
             value = lookup(point.metrics, metric)
             if value is None:
                 continue  # a hand-added metric this result no longer has
-            tolerance = {k: v for k, v in old.get(metric, {}).items() if k != "value"}
-            metrics[metric] = {"value": value, **(tolerance or {"tolerance": 0})}
+            kept = ("tolerance", "rel_tolerance")
+            tolerance = {k: v for k, v in old.get(metric, {}).items() if k in kept}
+            entry = {"value": value, **(tolerance or {"tolerance": 0})}
+            rule = old.get(metric, {}).get("across_numerics")
+            if rule is None and metric in recorded:
+                rule = across_numerics_rule(point, metric)
+            if rule is not None:
+                entry["across_numerics"] = rule
+            if rule and rule.get("statistical"):
+                entry["bootstrap_95"] = interval_of(point.metrics, metric.split(".")[1])
+            metrics[metric] = entry
         points[point.key] = {
             "config_hash": point.metrics.get("config_hash"),
             "hardware": hardware_summary(point.metrics),
@@ -258,6 +350,8 @@ def _hints(differences, results: Results, baseline: dict) -> list[str]:
 
 def _tolerance(spec: dict) -> str:
     parts = []
+    if spec.get("statistical"):
+        return f"±{spec['tolerance']:.4g} (95 % intervals)"
     if "tolerance" in spec:
         parts.append("0 (exact)" if spec["tolerance"] == 0 else f"±{_show(spec['tolerance'])}")
     if "rel_tolerance" in spec:

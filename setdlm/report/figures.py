@@ -2,9 +2,12 @@
 
 Each figure has two panels with the same quality axis (GSM8K accuracy, ROUGE-L, MAUVE): against
 tokens per second and against the parallelism factor (tokens committed per step). One curve
-per family and size, its points in sweep order (τ from large to small); GSM8K also draws the
-published curves (SPEC 6.1) dashed. SetDLM-smax2S and BD3LM-S (the paper's pairing, SPEC 3.7)
-get the same shade of their family's colour.
+per family and size, its points in sweep order (τ from large to small), each with its 95 %
+bootstrap interval as an error bar where the evaluation recorded one, and its τ beside it
+unless that label would overprint another (the tables list every τ). GSM8K also draws the
+published curves (SPEC 6.1) dashed, where some point is comparable with them (a published
+checkpoint, the paper's protocol, the whole test set). SetDLM-smax2S and BD3LM-S (the
+paper's pairing, SPEC 3.7) get the same shade of their family's colour.
 
 The files are deterministic: matplotlib's own style (not the user's matplotlibrc), its bundled
 font, and no creation date or software version in the PNG and PDF metadata, so regenerating
@@ -59,7 +62,24 @@ FIGURES = {
     "unconditional": FigureSpec(
         "unconditional", "Unconditional generation", HEADLINE_QUALITY["unconditional"], "MAUVE"
     ),
+    "arithmetic-solve": FigureSpec(
+        "arithmetic-solve",
+        "Synthetic arithmetic (solve)",
+        HEADLINE_QUALITY["arithmetic-solve"],
+        "accuracy, strict match (%)",
+        100.0,
+    ),
+    "arithmetic-infill": FigureSpec(
+        "arithmetic-infill",
+        "Synthetic arithmetic (infill one step)",
+        HEADLINE_QUALITY["arithmetic-infill"],
+        "step exact match (%)",
+        100.0,
+    ),
 }
+# A τ label is left out when it would sit closer than this to one already drawn, in
+# fractions of the axes' data range.
+LABEL_SPACING = 0.045
 X_AXES = (
     ("tokens_per_second", "speed (tokens/s, mean over examples)"),
     ("parallelism", "parallelism factor (tokens per step)"),
@@ -100,6 +120,8 @@ def our_curves(points: list[ResultPoint], spec: FigureSpec) -> list[Curve]:
     curves: dict[tuple, Curve] = {}
     for point in points:  # already in family, size, τ order
         value = point.quality(spec.metric)
+        entry = point.metrics.get("quality", {}).get(spec.metric) or {}
+        low, high = entry.get("bootstrap_95") or (None, None)
         curve = curves.setdefault(
             (point.family, point.size), Curve(point.family, point.size, published=False)
         )
@@ -109,14 +131,20 @@ def our_curves(points: list[ResultPoint], spec: FigureSpec) -> list[Curve]:
                 "tokens_per_second": point.speed("tokens_per_second_mean"),
                 "parallelism": point.speed("parallelism_mean"),
                 "y": None if value is None else value * spec.scale,
+                "low": None if low is None else low * spec.scale,
+                "high": None if high is None else high * spec.scale,
             }
         )
     return list(curves.values())
 
 
-def published_curves(task: str) -> list[Curve]:
+def published_curves(task: str, points: list[ResultPoint]) -> list[Curve]:
+    from setdlm.report.tables import not_comparable
+
     if task != "gsm8k":
         return []
+    if points and all(not_comparable(point) for point in points):
+        return []  # nothing of ours is comparable: the dashed curves would suggest otherwise
     return [
         Curve(
             series.family,
@@ -138,12 +166,13 @@ def published_curves(task: str) -> list[Curve]:
 
 def draw(spec: FigureSpec, results: Results) -> Figure:
     points = results.for_task(spec.task)
-    curves = our_curves(points, spec) + published_curves(spec.task)
+    curves = our_curves(points, spec) + published_curves(spec.task, points)
     curves.sort(key=lambda c: (FAMILY_ORDER.index(c.family), c.size or 0, c.published))
     figure = Figure(figsize=(11, 4.4))
     axes = figure.subplots(1, 2, sharey=True)
     for ax, (x_key, x_label) in zip(axes, X_AXES, strict=True):
         drawn = sum(_draw_curve(ax, curve, x_key) for curve in curves)
+        _label_points(ax, curves, x_key)
         ax.set_xlabel(x_label)
         ax.grid(True, alpha=0.3)
         if not drawn:
@@ -165,18 +194,50 @@ def _draw_curve(ax, curve: Curve, x_key: str) -> bool:
     if curve.published:
         ax.plot(xs, ys, "--s", color=curve.color, markerfacecolor="none", label=curve.label)
         return True
-    ax.plot(xs, ys, "-o", color=curve.color, label=curve.label)
-    for point in shown:  # our τ beside each point: which setting gave which trade-off
-        if point["tau"] is not None:
-            ax.annotate(
-                format_tau(point["tau"]),
-                (point[x_key], point["y"]),
-                xytext=(3, 3),
-                textcoords="offset points",
-                fontsize=6,
-                color=curve.color,
-            )
+    ax.plot(xs, ys, "-o", color=curve.color, label=curve.label, markersize=4)
+    bars = [p for p in shown if p.get("low") is not None and p.get("high") is not None]
+    if bars:
+        ax.errorbar(
+            [p[x_key] for p in bars],
+            [p["y"] for p in bars],
+            yerr=[[p["y"] - p["low"] for p in bars], [p["high"] - p["y"] for p in bars]],
+            fmt="none",
+            ecolor=curve.color,
+            elinewidth=0.8,
+            capsize=2,
+            alpha=0.7,
+        )
     return True
+
+
+def _label_points(ax, curves: list[Curve], x_key: str) -> None:
+    """Our τ beside each point (which setting gave which trade-off), skipping a label that
+    would overprint one already placed; curves alternate above and below their points."""
+    ours = [c for c in curves if not c.published]
+    shown = [
+        (index, p)
+        for index, curve in enumerate(ours)
+        for p in curve.points
+        if p[x_key] is not None and p["y"] is not None and p["tau"] is not None
+    ]
+    if not shown:
+        return
+    xs, ys = [p[x_key] for _, p in shown], [p["y"] for _, p in shown]
+    width, height = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
+    placed: list[tuple[float, float]] = []
+    for index, point in shown:
+        where = (point[x_key] / width, point["y"] / height)
+        if any(math.dist(where, other) < LABEL_SPACING for other in placed):
+            continue
+        placed.append(where)
+        ax.annotate(
+            format_tau(point["tau"]),
+            (point[x_key], point["y"]),
+            xytext=(3, 4 if index % 2 == 0 else -9),
+            textcoords="offset points",
+            fontsize=6,
+            color=ours[index].color,
+        )
 
 
 def _footer(points: list[ResultPoint], task: str) -> str:

@@ -2,7 +2,8 @@
 
     RUN_DIR/<task>/<model>/<point>/metrics.json
         task:  gsm8k | cnndm | infill-1 | infill-3 | unconditional | likelihood-<data>
-        model: ar | mdlm | bd3lm-s<S> | setdlm-smax<M>
+               | arithmetic-solve | arithmetic-infill
+        model: ar | mdlm | bd3lm-s<S> | setdlm-smax<M>, optionally -<tag> (ar-arith)
         point: tau-<τ> | default
 
 A point is finished when its ``metrics.json`` exists (the evaluations write it atomically, last).
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from setdlm.errors import UserError
+from setdlm.workflow.layout import model_family
 
 FAMILY_ORDER = ("ar", "mdlm", "bd3lm", "setdlm")
 FAMILY_TITLES = {"ar": "AR", "mdlm": "MDLM", "bd3lm": "BD3LM", "setdlm": "SetDLM"}
@@ -29,6 +31,8 @@ TASK_FIELDS = {
     "infill-1": "rocstories-infill-1",
     "infill-3": "rocstories-infill-3",
     "unconditional": "unconditional",
+    "arithmetic-solve": "arithmetic-solve",
+    "arithmetic-infill": "arithmetic-infill",
 }
 LIKELIHOOD_PREFIX = "likelihood-"
 # The quality each task is plotted and compared by (its figure's y axis, MLflow's `quality`).
@@ -38,9 +42,10 @@ HEADLINE_QUALITY = {
     "infill-1": "rougeL",
     "infill-3": "rougeL",
     "unconditional": "mauve",
+    "arithmetic-solve": "strict_match",
+    "arithmetic-infill": "step_exact",
 }
 LIKELIHOOD_HEADLINE = "nll"
-MODEL_NAME = re.compile(r"^(?:(ar|mdlm)|(bd3lm)-s(\d+)|(setdlm)-smax(\d+))$")
 POINT_NAME = re.compile(r"^(?:default|tau-(.+))$")
 
 
@@ -152,14 +157,13 @@ def _check_task(path: Path, task: str, metrics: dict) -> None:
 
 
 def _parse_model(path: Path, model: str, metrics: dict) -> tuple[str, int | None]:
-    match = MODEL_NAME.match(model)
-    if not match:
+    parsed = model_family(model)
+    if parsed is None:
         raise ResultLayoutError(
-            f"{path}: model folder {model!r} is not ar, mdlm, bd3lm-s<S> or setdlm-smax<M>"
+            f"{path}: model folder {model!r} is not ar, mdlm, bd3lm-s<S> or setdlm-smax<M> "
+            "(each optionally followed by -<tag>)"
         )
-    plain, bd3lm, block, setdlm, smax = match.groups()
-    family = plain or bd3lm or setdlm
-    size = int(block) if bd3lm else int(smax) if setdlm else None
+    family, size = parsed
     config = metrics.get("config", {}).get("model_config", {})
     recorded = config.get("family")
     if recorded != family:

@@ -1,9 +1,11 @@
 """A table as data, written three ways: Markdown (read on GitHub), CSV (read by programs) and
 LaTeX (pasted into a paper).
 
-Cells hold numbers, text, ``None`` (nothing to show) or a ``(value, std)`` pair for columns
-with a spread. CSV keeps full precision and splits a pair into ``key`` and ``key_std``; the
-other two round to the column's digits and write ``value ± std``. Nothing here depends on the
+Cells hold numbers, text, ``None`` (nothing to show), a ``(value, std)`` pair for columns
+with a spread, or a ``(value, low, high)`` triple for columns with a range (a 95 % interval,
+or min and max). CSV keeps full precision and splits a pair into ``key`` and ``key_std``, a
+triple into ``key``, ``key_low`` and ``key_high``; the other two round to the column's digits
+and write ``value ± std`` and ``value [low, high]``. Nothing here depends on the
 time or the machine, so regenerating a table from the same results gives the same bytes.
 """
 
@@ -21,6 +23,7 @@ class Column:
     label: str  # Markdown / LaTeX header
     digits: int | None = None  # decimals shown; None for text and integers
     spread: bool = False  # cells are (value, std) pairs
+    ranged: bool = False  # cells are (value, low, high) triples
     csv_only: bool = False  # identifiers that would only clutter a printed table
     show: Callable | None = None  # how Markdown / LaTeX print a cell (CSV keeps the value)
 
@@ -40,7 +43,12 @@ EMPTY = "-"
 def to_csv(table: Table) -> str:
     headers = []
     for column in table.columns:
-        headers += [column.key, f"{column.key}_std"] if column.spread else [column.key]
+        if column.spread:
+            headers += [column.key, f"{column.key}_std"]
+        elif column.ranged:
+            headers += [column.key, f"{column.key}_low", f"{column.key}_high"]
+        else:
+            headers.append(column.key)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(headers)
@@ -51,6 +59,8 @@ def to_csv(table: Table) -> str:
             if column.spread:
                 mean, std = value if value is not None else (None, None)
                 cells += [_csv_value(mean), _csv_value(std)]
+            elif column.ranged:
+                cells += [_csv_value(part) for part in (value or (None, None, None))]
             else:
                 cells.append(_csv_value(value))
         writer.writerow(cells)
@@ -121,6 +131,14 @@ def _shown(value, column: Column) -> str:
             return EMPTY
         text = _number(mean, column.digits)
         return text if std is None else f"{text} ± {_number(std, column.digits)}"
+    if column.ranged:
+        middle, low, high = value
+        if middle is None:
+            return EMPTY
+        text = _number(middle, column.digits)
+        if low is None or high is None:
+            return text
+        return f"{text} [{_number(low, column.digits)}, {_number(high, column.digits)}]"
     if isinstance(value, str):
         return value
     return _number(value, column.digits)

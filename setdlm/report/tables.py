@@ -16,8 +16,10 @@ from pathlib import Path
 
 from setdlm import published
 from setdlm.files import atomic_write_text
+from setdlm.report.aup import ALPHA, aup
 from setdlm.report.results import (
     FAMILY_ORDER,
+    HEADLINE_QUALITY,
     ResultPoint,
     Results,
     format_tau,
@@ -33,15 +35,19 @@ class Metric:
     scale: float = 1.0  # shown value = metrics.json value × scale
     digits: int = 2
     spread: bool = False  # the entry carries a "std" as well
+    interval: bool = False  # the entry carries a 95 % bootstrap interval ("bootstrap_95")
 
     def column(self) -> Column:
-        return Column(self.name, self.label, self.digits, self.spread)
+        return Column(self.name, self.label, self.digits, self.spread, ranged=self.interval)
 
     def cell(self, point: ResultPoint):
         entry = point.metrics.get("quality", {}).get(self.name)
         if entry is None:
             return None
         value, std = _scaled(entry["value"], self.scale), _scaled(entry.get("std"), self.scale)
+        if self.interval:
+            low, high = entry.get("bootstrap_95") or (None, None)
+            return (value, _scaled(low, self.scale), _scaled(high, self.scale))
         return (value, std) if self.spread else value
 
 
@@ -61,26 +67,45 @@ def _rouge(names) -> tuple[Metric, ...]:
         "rougeL": "ROUGE-L",
         "rougeLsum": "ROUGE-Lsum",
     }
-    return tuple(Metric(name, labels[name], scale=100.0) for name in names)
+    return tuple(Metric(name, labels[name], scale=100.0, interval=True) for name in names)
 
 
-ROUGE_UNITS = "Units: ROUGE F1 × 100."
+INTERVALS = "[low, high]: the 95 % bootstrap interval over examples (1000 seeded resamples)."
+ROUGE_UNITS = "Units: ROUGE F1 × 100; " + INTERVALS
 GSM8K = TableSpec(
     "gsm8k_pareto",
     "GSM8K speed-quality (Pareto) points",
     ("gsm8k",),
     (
-        Metric("paper_exact", "acc paper_exact (%)", 100.0),
-        Metric("strict_match", "acc strict_match (%)", 100.0),
-        Metric("flexible_extract", "acc flexible_extract (%)", 100.0),
+        Metric("paper_exact", "acc paper_exact (%)", 100.0, interval=True),
+        Metric("strict_match", "acc strict_match (%)", 100.0, interval=True),
+        Metric("flexible_extract", "acc flexible_extract (%)", 100.0, interval=True),
     ),
-    "Units: accuracy in % of problems (metrics.json value × 100); Δ = ours − published, in "
+    "Units: accuracy in % of problems (metrics.json value × 100); "
+    + INTERVALS
+    + " Δ = ours − published, in "
     "percentage points, tokens/s and tokens per step. Δ acc compares our paper_exact (the "
     "official script's own accuracy) with the published accuracy: whether the paper reports "
     "that or lm-eval's strict_match is not confirmed (SPEC 5.1), so both are shown.",
 )
+ARITHMETIC = TableSpec(
+    "arithmetic_pareto",
+    "Synthetic arithmetic: speed against quality as τ falls",
+    ("arithmetic-solve", "arithmetic-infill"),
+    (
+        Metric("strict_match", "acc strict (%)", 100.0, interval=True),
+        Metric("flexible_extract", "acc flexible (%)", 100.0, interval=True),
+        Metric("step_exact", "infill step exact (%)", 100.0, interval=True),
+        Metric("result_exact", "infill result exact (%)", 100.0, interval=True),
+    ),
+    "Units: % of test problems (metrics.json value × 100); "
+    + INTERVALS
+    + " arithmetic-solve rows are scored by accuracy (GSM8K answer extraction), "
+    "arithmetic-infill rows by exact match of the masked step and of its result.",
+)
 SPECS = {
     "gsm8k": GSM8K,
+    "arithmetic": ARITHMETIC,
     "cnndm": TableSpec(
         "cnndm",
         "CNN/DailyMail summarization",
@@ -126,20 +151,24 @@ LIKELIHOOD = TableSpec(
     "Units: NLL in nats per counted token (an upper bound for the diffusion families, see the "
     "definitions); perplexity = exp(NLL); bits per token and per UTF-8 byte; tokens counted.",
 )
-TABLES = ("gsm8k", "cnndm", "infill", "unconditional", "likelihood")
+TABLES = ("gsm8k", "cnndm", "infill", "unconditional", "likelihood", "arithmetic")
 
 SPEED_COLUMNS = [
     Column("tokens_per_second", "tok/s", 2, spread=True),
+    Column("tokens_per_second_median", "tok/s median [min, max]", 1, ranged=True),
     Column("parallelism", "parallelism", 2),
     Column("nfe", "NFE", 1),
+    Column("positions_per_token", "positions/token", 2),
     Column("latency_p50_seconds", "latency p50 (s)", 3),
 ]
 SPEED_NOTE = (
     "Speed, from the same run as quality, over the timed examples (warm-up examples excluded): "
     "tok/s = generated tokens / wall-clock seconds of the decoding call, mean ± std over "
     "examples (the paper's number at batch 1); parallelism = tokens committed per decoding "
-    "step, mean; NFE = backbone forward passes per example, mean; latency p50 = median seconds "
-    "of one decoding call."
+    "step, mean; NFE = backbone forward passes per example, mean; positions/token = positions "
+    "fed to the backbone (prompt prefill included) per generated token, the compute a family "
+    "spends on positions it recomputes or does not commit; latency p50 = median seconds of one "
+    "decoding call."
 )
 NO_PUBLISHED = (
     "Published numbers: none exist for this table (SPEC 6.2: the only recovered numbers are "
@@ -184,8 +213,37 @@ def decoding_table(spec: TableSpec, results: Results) -> Table:
         + TRACE_COLUMNS
     )
     rows = [_decoding_row(p, spec) for p in points]
-    notes = [spec.units, SPEED_NOTE, *_result_notes(points, spec, results), NO_PUBLISHED]
+    notes = [spec.units, SPEED_NOTE, *_result_notes(points, spec, results)]
+    notes += [*aup_notes(points), NO_PUBLISHED]
     return Table(spec.key, spec.title, columns, rows, notes)
+
+
+def aup_notes(points: list[ResultPoint]) -> list[str]:
+    """Per task with a τ sweep: each family's AUP over its points, with the reference."""
+    notes = []
+    for task in sorted({p.task for p in points}):
+        headline = HEADLINE_QUALITY.get(task)
+        scored = [p for p in points if p.task == task and p.quality(headline) is not None]
+        if not scored or not any(p.tau is not None for p in scored):
+            continue
+        reference = max(p.quality(headline) for p in scored)
+        by_model: dict[str, list[tuple[float, float]]] = {}
+        for p in scored:
+            parallelism = p.speed("parallelism_mean")
+            if parallelism is not None:
+                by_model.setdefault(p.model, []).append((parallelism, p.quality(headline)))
+        shown = "; ".join(
+            f"{model} {100 * aup(curve, reference).value:.1f} ({len(curve)} point"
+            f"{'s' if len(curve) != 1 else ''})"
+            for model, curve in by_model.items()
+        )
+        notes.append(
+            f"AUP ({task}, {headline} × parallelism, in % × tokens/step; {ALPHA:g} = α, "
+            f"reference accuracy {100 * reference:.1f} %, the best point of the task): {shown}. "
+            "AUP = area under the accuracy-parallelism curve, each accuracy y weighted by "
+            "min(1, exp(−α (1 − y / reference))) (setdlm/report/aup.py)."
+        )
+    return notes
 
 
 def _identity_columns() -> list[Column]:
@@ -206,6 +264,12 @@ def _decoding_row(point: ResultPoint, spec: TableSpec) -> dict:
         "examples": point.metrics.get("examples"),
         **{m.name: m.cell(point) for m in spec.metrics},
         "tokens_per_second": None if mean is None else (mean, speed.get("tokens_per_second_std")),
+        "tokens_per_second_median": (
+            speed.get("tokens_per_second_median"),
+            speed.get("tokens_per_second_min"),
+            speed.get("tokens_per_second_max"),
+        ),
+        "positions_per_token": speed.get("positions_per_token"),
         "parallelism": speed.get("parallelism_mean"),
         "nfe": speed.get("nfe_mean"),
         "latency_p50_seconds": speed.get("latency_seconds_p50"),
@@ -226,16 +290,50 @@ PUBLISHED_COLUMNS = [
 ]
 
 
+GSM8K_TEST_PROBLEMS = 1319
+
+
+def not_comparable(point: ResultPoint) -> str | None:
+    """Why a GSM8K point cannot be compared with the published numbers (None: it can): only
+    a published checkpoint, on the whole test set, with the paper's Pareto protocol."""
+    from setdlm.zoo import resolve
+
+    config = point.metrics.get("config", {})
+    spec = resolve(str(config.get("model_source", "")))
+    settings = config.get("task_settings", {})
+    if spec is None or spec.task != "gsm8k":
+        return "the model is not a published GSM8K checkpoint (trained here, or another one)"
+    if settings.get("protocol") != "pareto":
+        return f"protocol {settings.get('protocol')!r}, not the paper's Pareto protocol"
+    if point.metrics.get("examples") != GSM8K_TEST_PROBLEMS:
+        return (
+            f"{point.metrics.get('examples')} of the {GSM8K_TEST_PROBLEMS} test problems "
+            "(the published points use all of them)"
+        )
+    return None
+
+
 def gsm8k_table(results: Results) -> Table:
-    """Our points and the published ones in one list: matched pairs share a row, a published
-    point we did not run has a row of its own ("not run here")."""
+    """Our points and the published ones in one list, where they can be compared: pairs share
+    a row, a published point we did not run has a row of its own ("not run here"). Points of
+    models the paper did not publish, or evaluated otherwise, get no Δ: the table says once,
+    in words, why they are not comparable."""
     points = results.for_task("gsm8k")
+    reasons = {point.key: not_comparable(point) for point in points}
+    if points and all(reasons.values()):
+        return _gsm8k_table_without_published(results, points, reasons)
     rows, matched = [], set()
     for point in points:
         reference = published.match_gsm8k(point.family, point.size, point.tau)
-        row = _decoding_row(point, GSM8K) | _published_cells(reference, point)
         if reference is not None:
-            matched.add(id(reference))
+            matched.add(id(reference))  # its row is ours, compared or not
+        if reasons[point.key]:
+            row = _decoding_row(point, GSM8K) | {
+                "published": f"not comparable: {reasons[point.key]}"
+            }
+            rows.append(((point.family, point.size, point.tau, point.point), row))
+            continue
+        row = _decoding_row(point, GSM8K) | _published_cells(reference, point)
         rows.append(((point.family, point.size, point.tau, point.point), row))
     for reference in published.gsm8k_points():
         if id(reference) not in matched:
@@ -264,6 +362,24 @@ def gsm8k_table(results: Results) -> Table:
     return Table(GSM8K.key, GSM8K.title, columns, [row for _, row in rows], notes)
 
 
+def _gsm8k_table_without_published(results: Results, points, reasons: dict) -> Table:
+    columns = (
+        _identity_columns() + [m.column() for m in GSM8K.metrics] + SPEED_COLUMNS + TRACE_COLUMNS
+    )
+    rows = [_decoding_row(point, GSM8K) for point in points]
+    reason_of = {id(point.metrics): reasons[point.key] for point in points}
+    why = _grouped(points, lambda metrics: reason_of[id(metrics)])
+    notes = [
+        GSM8K.units.split(" Δ = ")[0],
+        SPEED_NOTE,
+        *_result_notes(points, GSM8K, results),
+        f"Not comparable with the published numbers ({published.PROVENANCE}): {why}. "
+        "No Δ is shown; the published points are compared only where the configuration is "
+        "the published one.",
+    ]
+    return Table(GSM8K.key, GSM8K.title, columns, rows, notes)
+
+
 def _published_cells(reference, point: ResultPoint | None) -> dict:
     if reference is None:
         return {"published": "no published number"}
@@ -275,7 +391,7 @@ def _published_cells(reference, point: ResultPoint | None) -> dict:
             "tokens_per_second": speed.get("tokens_per_second_mean"),
             "parallelism": speed.get("parallelism_mean"),
         }
-    status = "not run here" if point is None else "matched"
+    status = "not run here" if point is None else _agreement(point, reference)
     if not reference.tau_recorded and reference.tau is not None:
         status += " (τ presumed)"
     return {
@@ -299,6 +415,19 @@ def _scaled(value, scale: float):
     if value is None or scale == 1.0:
         return value
     return value * scale
+
+
+def _agreement(point: ResultPoint, reference) -> str:
+    """ "agrees" only when the published accuracy lies in our 95 % interval of paper_exact:
+    the declared tolerance. Speed depends on the hardware and is shown, never judged."""
+    entry = point.metrics.get("quality", {}).get("paper_exact", {})
+    interval = entry.get("bootstrap_95")
+    if interval is None:
+        return "compared (no interval recorded: agreement not judged)"
+    low, high = (100 * bound for bound in interval)
+    if low <= reference.accuracy_percent <= high:
+        return "accuracy agrees (published value inside our 95 % interval)"
+    return "accuracy differs (published value outside our 95 % interval)"
 
 
 def _difference(ours, theirs):
@@ -362,8 +491,10 @@ def _result_notes(points: list[ResultPoint], spec: TableSpec, results: Results) 
         text += f" (timed for speed: {', '.join(map(str, timed))})"
     notes.append(text + ".")
     notes.append("Hardware (ours): " + _grouped(points, hardware_summary) + ".")
-    for metric in spec.metrics:
-        notes.append(f"{metric.label}: " + _grouped(points, _definition(metric.name)) + ".")
+    for metric in spec.metrics:  # defined by the points that report it (a table may mix tasks)
+        reporting = [p for p in points if metric.name in p.metrics.get("quality", {})]
+        if reporting:
+            notes.append(f"{metric.label}: " + _grouped(reporting, _definition(metric.name)) + ".")
     return notes
 
 

@@ -8,7 +8,8 @@ quality (every reported variant) and speed. Tags say how and where the result wa
 Names are flattened with dots (``decode.top_p``, ``quality.rouge1.bootstrap_95.0``).
 
 A few key metrics are repeated under short names that are the same in every experiment
-(``quality``: the task's headline quality, the y axis of its figure; ``accuracy`` on GSM8K;
+(``quality``: the task's headline quality, the y axis of its figure, with ``quality_low`` and
+``quality_high`` its 95 % interval where recorded; ``accuracy`` on GSM8K and arithmetic-solve;
 ``tokens_per_second``, ``parallelism``, ``nfe``), so the runs table and a speed-quality scatter
 need no search through hundreds of names. The points of one (task, model) sweep share a parent
 run, and the run carries the evaluation's own start and end times.
@@ -111,6 +112,10 @@ def run_record(point: ResultPoint) -> RunRecord:
     )
 
 
+# Tasks whose headline quality is an accuracy (also logged as ``accuracy``).
+ACCURACY_TASKS = ("gsm8k", "arithmetic-solve")
+
+
 def _key_metrics(point: ResultPoint) -> tuple[dict[str, float], str | None]:
     """The key metrics under their short names, and which quality ``quality`` is."""
     quality, speed = point.metrics.get("quality") or {}, point.metrics.get("speed") or {}
@@ -121,8 +126,11 @@ def _key_metrics(point: ResultPoint) -> tuple[dict[str, float], str | None]:
     entry = quality.get(headline) if headline else None
     if isinstance(entry, dict) and isinstance(entry.get("value"), int | float):
         numbers["quality"] = float(entry["value"])
-        if point.task == "gsm8k":
+        if point.task in ACCURACY_TASKS:
             numbers["accuracy"] = numbers["quality"]
+        interval = entry.get("bootstrap_95")
+        if isinstance(interval, list) and len(interval) == 2:  # the error bar, as two metrics
+            numbers["quality_low"], numbers["quality_high"] = map(float, interval)
     for name, field in KEY_SPEED:
         if isinstance(speed.get(field), int | float):
             numbers[name] = float(speed[field])

@@ -8,7 +8,9 @@
     <results>/mlflow.db, <results>/tables/<config name>/, <results>/figures/<config name>/
 
 Model names say the family and size: ``ar``, ``mdlm``, ``bd3lm-s<S>``, ``setdlm-smax<M>``
-(M = 2d, the paper's pairing of SetDLM-smax2S with BD3LM-S). A decoding point is
+(M = 2d, the paper's pairing of SetDLM-smax2S with BD3LM-S), optionally followed by a tag
+that tells two models of one family and size apart (``ar-arith``: trained on the arithmetic
+problems). A decoding point is
 ``tau-<τ:g>`` (always, even for one τ); likelihood has the single point ``default``.
 """
 
@@ -18,10 +20,15 @@ import re
 from pathlib import Path
 
 MODEL_NAME = re.compile(
-    r"^(?:(?P<plain>ar|mdlm)|bd3lm-s(?P<s>[1-9]\d*)|setdlm-smax(?P<m>[1-9]\d*))$"
+    r"^(?:(?P<plain>ar|mdlm)|bd3lm-s(?P<s>[1-9]\d*)|setdlm-smax(?P<m>[1-9]\d*))"
+    r"(?:-(?P<tag>[a-z][a-z0-9]*))?$"
 )
+# The same grammar for Snakemake's {model} wildcard (no anchors, no groups).
+MODEL_WILDCARD = r"(?:ar|mdlm|bd3lm-s[1-9]\d*|setdlm-smax[1-9]\d*)(?:-[a-z][a-z0-9]*)?"
 
-DECODING_TASKS = ("gsm8k", "cnndm", "infill-1", "infill-3", "unconditional")
+# arithmetic-*: the synthetic task of setdlm/eval/arithmetic.py (solve, and infill one step)
+ARITHMETIC_TASKS = ("arithmetic-solve", "arithmetic-infill")
+DECODING_TASKS = ("gsm8k", "cnndm", "infill-1", "infill-3", "unconditional", *ARITHMETIC_TASKS)
 # likelihood-<data>: the held-out set each likelihood task reads
 LIKELIHOOD_TASKS = {
     "likelihood-wikitext2": "wikitext2",
@@ -43,6 +50,9 @@ TASK_DOMAIN = {
     "likelihood-wikitext2": "owt",
     "likelihood-owt": "owt",
     "likelihood-lm1b": "lm1b",
+    # no published checkpoint is trained on it: only models trained here evaluate it
+    "arithmetic-solve": "arithmetic",
+    "arithmetic-infill": "arithmetic",
 }
 DOMAINS = ("gsm8k", "cnndm", "owt", "lm1b")
 
@@ -53,6 +63,7 @@ TABLES = {
     "infill": ("infill-1", "infill-3"),
     "unconditional": ("unconditional",),
     "likelihood": tuple(LIKELIHOOD_TASKS),
+    "arithmetic": ARITHMETIC_TASKS,
 }
 TABLE_FORMATS = ("md", "csv", "tex")
 # The file name `setdlm report tables` gives each table: <tables>/<stem>.{md,csv,tex}.
@@ -62,6 +73,7 @@ TABLE_FILES = {
     "infill": "rocstories_infill",
     "unconditional": "unconditional",
     "likelihood": "likelihood",
+    "arithmetic": "arithmetic_pareto",
 }
 # One speed-quality figure per decoding task: <figures>/<task>_pareto.{png,pdf}.
 FIGURE_FORMATS = ("png", "pdf")

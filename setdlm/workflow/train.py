@@ -86,9 +86,14 @@ def train_model(name: str, config: dict, out: Path, work: Path, log=print) -> di
     from dataclasses import asdict
 
     from setdlm.checkpoints import save_model
-    from setdlm.data.text import ChunkedLMDataset, load_wikitext2
-    from setdlm.paths import data_path
-    from setdlm.tiny import build_tiny_model, tiny_tokenizer, tiny_train_config
+    from setdlm.tiny import (
+        build_tiny_model,
+        corpus_documents,
+        corpus_identity,
+        tiny_tokenizer,
+        tiny_train_config,
+        training_set,
+    )
     from setdlm.train import latest_checkpoint, load_weights, train
     from setdlm.train.checkpoint import read_manifest
 
@@ -98,15 +103,15 @@ def train_model(name: str, config: dict, out: Path, work: Path, log=print) -> di
         "model": name,
         "family": family,
         "settings": asdict(settings),
-        "data_sha256": sha256_file(data_path("wikitext2", "wiki.test.raw")),
+        "data": corpus_identity(settings),
         "code_version": code_version(WORKFLOW_DIR.parent),
     }
     _start_over_unless_same(work, identity, log)
-    texts = load_wikitext2()
-    tokenizer = tiny_tokenizer(work / "tokenizer", texts.train, settings)
+    documents = corpus_documents(settings)
+    tokenizer = tiny_tokenizer(work / "tokenizer", documents, settings)
     model = build_tiny_model(family, tokenizer, settings)
     started = time.perf_counter()
-    train_set = ChunkedLMDataset(texts.train, tokenizer, settings.length)
+    train_set = training_set(settings, tokenizer, documents)
     checkpoints = work / "train" / "checkpoints"
     saved = read_manifest(checkpoints)  # the step a resumed training starts from: the newest
     attempt = {"job": current_job(), "from_step": saved[-1]["step"] if saved else 0}

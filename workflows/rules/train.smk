@@ -6,7 +6,7 @@
 
 rule train_model:
     input:
-        PLAN.data_manifest("wikitext2") if PLAN.trained else [],
+        lambda wildcards: PLAN.train_inputs(wildcards.model),
     output:
         ensure(f"{RUN}/models/{{model}}/checkpoint.json", non_empty=True),
     params:
@@ -15,6 +15,8 @@ rule train_model:
     log:
         f"{RUN}/logs/train_{{model}}.log",
     threads: threads_of("train")
+    # trainings before evaluations, the longest first (setdlm/workflow/plan.py)
+    priority: lambda wildcards: PLAN.train_priority(wildcards.model)
     resources:
         **resources_of("train"),
     # exec: the trainer replaces the job's shell, so a scheduler's SIGTERM or SIGUSR1 (time

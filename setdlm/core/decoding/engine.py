@@ -57,6 +57,9 @@ class RowState:
     prefix: list[int] = field(default_factory=list)  # contiguous decoded generated tokens
     steps: int = 0  # forwards in which the row committed predictions
     forwards: int = 0  # forwards the row took part in
+    # positions the row fed the backbone, summed over its forwards (prefill included): the
+    # compute it cost, whether or not a position's prediction was committed
+    positions_evaluated: int = 0
     committed: int = 0  # tokens committed by predictions
     confidence: dict[int, float] = field(default_factory=dict)  # slot -> its token's confidence
 
@@ -113,6 +116,7 @@ class GenerationOutput:
     num_generated: list[int]  # counted generated tokens (stop point included, no padding)
     row_forwards: list[int]  # backbone forwards each row took part in
     row_steps: list[int]  # forwards in which each row committed predictions
+    row_positions: list[int]  # positions each row fed the backbone, over all its forwards
     parallelism: list[float]  # tokens committed per decoding step, per row
     stopped: list[bool]  # the row met a stop condition before its budget ran out
     nfe: int  # backbone forwards run for the whole batch (counted)
@@ -216,6 +220,7 @@ def _step(family, policy, rows, plans, cache, forward, config, stop_rule) -> Non
         positions.append([row.positions[s] for s in slots] + [0] * padding)
         num_cached.append(0 if inputs is None else inputs.num_cached)
         row.forwards += inputs is not None
+        row.positions_evaluated += len(slots)
     input_ids, position_ids = torch.tensor(ids), torch.tensor(positions)  # (B, Q) each
     attend = _attention(plans, width, cache, device)
     logits = forward(input_ids.to(device), position_ids.to(device), attend, cache)  # (B, Q, V)
@@ -380,6 +385,7 @@ def _collect(rows, mask_id, forward, wall_seconds) -> GenerationOutput:
         num_generated=[len(n) for n in new_ids],
         row_forwards=[row.forwards for row in rows],
         row_steps=[row.steps for row in rows],
+        row_positions=[row.positions_evaluated for row in rows],
         parallelism=[row.committed / row.steps if row.steps else 0.0 for row in rows],
         stopped=[row.stop_at is not None for row in rows],
         nfe=forward.calls,
