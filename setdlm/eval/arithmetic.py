@@ -54,7 +54,7 @@ class Operation:
             return f"{name} gets {self.amount} more {thing}."
         if self.symbol == "-":
             return f"{name} gives {self.amount} {thing} to {other}."
-        return f"Then the number of {thing} {'doubles' if self.amount == 2 else 'triples'}."
+        return f"Then the number of {thing} doubles."  # "*" is always "* 2" (_operation)
 
 
 def identity(split: str, count: int, seed: int) -> dict:
