@@ -26,10 +26,15 @@ rule instead, which ``--write`` records beside the value:
 - ``{"statistical": true}`` for a quality mean with a 95 % bootstrap interval: the difference
   of two independent estimates must stay within sqrt(h_baseline^2 + h_now^2) + 1/n, h the
   half-widths of the two intervals and n the examples (one example of slack). On 300 problems
-  that is at most 8.3 percentage points, so an accuracy 10 points lower fails on every CPU;
+  that is at most 8.3 percentage points, so an accuracy 10 points lower fails wherever the
+  weights are the same (a published checkpoint, on any CPU). A model trained by the run itself
+  is another model on another CPU (``TRAINING_SPREAD`` below, measured): its rule adds
+  ``"training_spread": 0.6``, the tolerance is the larger of the two, and only a collapse of
+  its quality fails there, while its decoding is held by the counted-speed rule;
 - ``{"rel_tolerance": r}`` for counted speed (NFE, parallelism, positions per token, generated
-  tokens: 10 %), likelihood (NLL, perplexity, bits: 5 %) and the noisy few-sample quality of
-  unconditional generation (50 %: MAUVE and gen-PPL of three samples);
+  tokens: 10 %; 50 % where a handful of samples decide it), likelihood (NLL, perplexity,
+  bits: 5 %) and the noisy few-sample quality of unconditional generation (50 %: MAUVE and
+  gen-PPL of three samples);
 - exact for example counts, whatever the machine.
 
 A note names every point compared by these rules rather than exactly.
@@ -62,6 +67,16 @@ COUNTS = ("examples", "speed.timed_examples", "speed.warmup_examples")
 COUNTED_SPEED_TOLERANCE = 0.10
 LIKELIHOOD_TOLERANCE = 0.05
 FEW_SAMPLE_TOLERANCE = 0.50
+# Two trainings of one recipe that differ only in float rounding (another CPU) end as far apart
+# as two seeds do. Measured on the default's arithmetic recipe, seeds 0 and 1 (300 problems,
+# τ = 1e6): SetDLM 86.7 % against 32.3 %, BD3LM 39.3 % against 53.0 %, while parallelism
+# (3.75 and 3.75, 3.58 and 3.58 at τ = 0.1) and NFE (19.9 and 20.1) agreed within 1 %. So the
+# accuracy of a model trained by the run itself can only be held to this spread on another
+# CPU; its counted speed keeps the 10 % rule, and the same weights (a published checkpoint)
+# keep the statistical one.
+TRAINING_SPREAD = 0.6
+# Tasks whose counted speed rests on a handful of samples (the default's 3 unconditional ones).
+FEW_SAMPLE_TASKS = ("unconditional",)
 ABOUT = (
     "setdlm check baseline: per result point, per metric (dotted path into metrics.json), the "
     "value and the allowed difference (tolerance: absolute; rel_tolerance: fraction of the "
@@ -139,7 +154,8 @@ def _valid_rule(rule) -> bool:
     if not isinstance(rule, dict):
         return False
     if rule.get("statistical") is True:
-        return True
+        spread = rule.get("training_spread", 0)
+        return _is_number(spread) and spread >= 0
     values = [rule.get(name) for name in ("tolerance", "rel_tolerance") if name in rule]
     return bool(values) and all(_is_number(v) and v >= 0 for v in values)
 
@@ -155,13 +171,24 @@ def across_numerics_rule(point: ResultPoint, metric: str) -> dict:
     if metric in COUNTS:
         return {"tolerance": 0}
     if metric.startswith("speed."):
-        return {"rel_tolerance": COUNTED_SPEED_TOLERANCE}
+        few = point.task in FEW_SAMPLE_TASKS
+        return {"rel_tolerance": FEW_SAMPLE_TOLERANCE if few else COUNTED_SPEED_TOLERANCE}
     name = metric.split(".")[1]
     if interval_of(point.metrics, name) is not None:
+        if trained_by_the_run(point):
+            return {"statistical": True, "training_spread": TRAINING_SPREAD}
         return {"statistical": True}
     if point.task.startswith("likelihood-"):
         return {"rel_tolerance": LIKELIHOOD_TOLERANCE}
     return {"rel_tolerance": FEW_SAMPLE_TOLERANCE}
+
+
+def trained_by_the_run(point: ResultPoint) -> bool:
+    """Whether the point's model is a folder (trained here) rather than a published key."""
+    from setdlm.zoo import resolve
+
+    source = point.metrics.get("config", {}).get("model_source")
+    return not source or resolve(str(source)) is None
 
 
 def interval_of(metrics: dict, name: str) -> list[float] | None:
@@ -239,7 +266,7 @@ def _across(point: ResultPoint, metric: str, spec: dict) -> dict:
     if now is None or recorded is None:  # nothing to build the tolerance from: exact
         return {"value": spec["value"], "tolerance": 0}
     examples = point.metrics.get("examples") or 1
-    tolerance = statistical_tolerance(recorded, now, examples)
+    tolerance = max(statistical_tolerance(recorded, now, examples), rule.get("training_spread", 0))
     return {"value": spec["value"], "tolerance": tolerance, "statistical": True}
 
 
