@@ -49,7 +49,7 @@ from pathlib import Path
 
 from setdlm.errors import UserError
 from setdlm.files import atomic_write_json
-from setdlm.report.results import ResultPoint, Results, hardware_summary
+from setdlm.report.results import ResultPoint, Results, hardware_summary, is_number
 
 FORMAT = 1
 # Counted, not timed: identical on every rerun of the same code and config on a CPU.
@@ -63,6 +63,7 @@ EXACT_SPEED = (
     "warmup_examples",
 )
 COUNTS = ("examples", "speed.timed_examples", "speed.warmup_examples")
+TOLERANCES = ("tolerance", "rel_tolerance")  # the declared ones, kept by --write
 # The across-numerics rules (module docstring): relative tolerances by kind of metric.
 COUNTED_SPEED_TOLERANCE = 0.10
 LIKELIHOOD_TOLERANCE = 0.05
@@ -106,7 +107,7 @@ def checked_metrics(point: ResultPoint) -> dict[str, float]:
         values[f"quality.{name}.value"] = entry.get("value")
     for name in EXACT_SPEED:
         values[f"speed.{name}"] = metrics.get("speed", {}).get(name)
-    return {path: value for path, value in values.items() if _is_number(value)}
+    return {path: value for path, value in values.items() if is_number(value)}
 
 
 def lookup(metrics: dict, path: str):
@@ -115,7 +116,7 @@ def lookup(metrics: dict, path: str):
         if not isinstance(value, dict) or part not in value:
             return None
         value = value[part]
-    return value if _is_number(value) else None
+    return value if is_number(value) else None
 
 
 def load_baseline(path: str | Path) -> dict:
@@ -136,12 +137,12 @@ def load_baseline(path: str | Path) -> dict:
 
 def _validate(path: Path, key: str, metric: str, spec) -> None:
     where = f"baseline {path}, point {key}, metric {metric}"
-    if not isinstance(spec, dict) or not _is_number(spec.get("value")):
+    if not isinstance(spec, dict) or not is_number(spec.get("value")):
         raise BaselineError(f"{where}: expected {{'value': number, 'tolerance': number}}")
-    tolerances = [spec.get(name) for name in ("tolerance", "rel_tolerance") if name in spec]
+    tolerances = [spec.get(name) for name in TOLERANCES if name in spec]
     if not tolerances:
         raise BaselineError(f"{where}: declare a tolerance (0 for exact) or a rel_tolerance")
-    if not all(_is_number(t) and t >= 0 for t in tolerances):
+    if not all(is_number(t) and t >= 0 for t in tolerances):
         raise BaselineError(f"{where}: tolerances must be numbers >= 0, got {tolerances}")
     rule = spec.get("across_numerics")
     if rule is not None and not _valid_rule(rule):
@@ -156,9 +157,9 @@ def _valid_rule(rule) -> bool:
         return False
     if rule.get("statistical") is True:
         spread = rule.get("training_spread", 0)
-        return _is_number(spread) and spread >= 0
-    values = [rule.get(name) for name in ("tolerance", "rel_tolerance") if name in rule]
-    return bool(values) and all(_is_number(v) and v >= 0 for v in values)
+        return is_number(spread) and spread >= 0
+    values = [rule.get(name) for name in TOLERANCES if name in rule]
+    return bool(values) and all(is_number(v) and v >= 0 for v in values)
 
 
 def numerics(metrics: dict) -> dict:
@@ -175,8 +176,8 @@ def across_numerics_rule(point: ResultPoint, metric: str) -> dict:
         few = point.task in FEW_SAMPLE_TASKS
         return {"rel_tolerance": FEW_SAMPLE_TOLERANCE if few else COUNTED_SPEED_TOLERANCE}
     name = metric.split(".")[1]
-    if interval_of(point.metrics, name) is not None:
-        if trained_by_the_run(point):
+    if point.interval(name) is not None:
+        if point.published_checkpoint() is None:  # trained by the run: another model elsewhere
             return {"statistical": True, "training_spread": TRAINING_SPREAD}
         return {"statistical": True}
     if point.task.startswith("likelihood-"):
@@ -184,21 +185,6 @@ def across_numerics_rule(point: ResultPoint, metric: str) -> dict:
             return {"rel_tolerance": PERPLEXITY_TOLERANCE}
         return {"rel_tolerance": LIKELIHOOD_TOLERANCE}
     return {"rel_tolerance": FEW_SAMPLE_TOLERANCE}
-
-
-def trained_by_the_run(point: ResultPoint) -> bool:
-    """Whether the point's model is a folder (trained here) rather than a published key."""
-    from setdlm.zoo import resolve
-
-    source = point.metrics.get("config", {}).get("model_source")
-    return not source or resolve(str(source)) is None
-
-
-def interval_of(metrics: dict, name: str) -> list[float] | None:
-    interval = metrics.get("quality", {}).get(name, {}).get("bootstrap_95")
-    if isinstance(interval, list) and len(interval) == 2 and all(map(_is_number, interval)):
-        return interval
-    return None
 
 
 def statistical_tolerance(baseline_interval, now_interval, examples: int) -> float:
@@ -265,7 +251,7 @@ def _across(point: ResultPoint, metric: str, spec: dict) -> dict:
     if not rule.get("statistical"):
         return {"value": spec["value"], **rule}
     name = metric.split(".")[1]
-    now, recorded = interval_of(point.metrics, name), spec.get("bootstrap_95")
+    now, recorded = point.interval(name), spec.get("bootstrap_95")
     if now is None or recorded is None:  # nothing to build the tolerance from: exact
         return {"value": spec["value"], "tolerance": 0}
     examples = point.metrics.get("examples") or 1
@@ -300,8 +286,7 @@ def updated_baseline(results: Results, previous: dict | None) -> dict:
             value = lookup(point.metrics, metric)
             if value is None:
                 continue  # a hand-added metric this result no longer has
-            kept = ("tolerance", "rel_tolerance")
-            tolerance = {k: v for k, v in old.get(metric, {}).items() if k in kept}
+            tolerance = {k: v for k, v in old.get(metric, {}).items() if k in TOLERANCES}
             entry = {"value": value, **(tolerance or {"tolerance": 0})}
             rule = old.get(metric, {}).get("across_numerics")
             if rule is None and metric in recorded:
@@ -309,7 +294,7 @@ def updated_baseline(results: Results, previous: dict | None) -> dict:
             if rule is not None:
                 entry["across_numerics"] = rule
             if rule and rule.get("statistical"):
-                entry["bootstrap_95"] = interval_of(point.metrics, metric.split(".")[1])
+                entry["bootstrap_95"] = list(point.interval(metric.split(".")[1]))
             metrics[metric] = entry
         points[point.key] = {
             "config_hash": point.metrics.get("config_hash"),
@@ -392,6 +377,3 @@ def _tolerance(spec: dict) -> str:
 def _show(value) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
-
-def _is_number(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -120,8 +120,7 @@ def our_curves(points: list[ResultPoint], spec: FigureSpec) -> list[Curve]:
     curves: dict[tuple, Curve] = {}
     for point in points:  # already in family, size, τ order
         value = point.quality(spec.metric)
-        entry = point.metrics.get("quality", {}).get(spec.metric) or {}
-        low, high = entry.get("bootstrap_95") or (None, None)
+        low, high = point.interval(spec.metric) or (None, None)
         curve = curves.setdefault(
             (point.family, point.size), Curve(point.family, point.size, published=False)
         )

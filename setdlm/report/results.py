@@ -71,6 +71,17 @@ class ResultPoint:
         entry = self.metrics.get("quality", {}).get(name)
         return None if entry is None else entry.get("value")
 
+    def interval(self, name: str) -> tuple[float, float] | None:
+        return quality_interval(self.metrics, name)
+
+    def published_checkpoint(self):
+        """The published model (setdlm/zoo.py) this point decoded, or None: a model folder,
+        trained here or elsewhere."""
+        from setdlm.zoo import resolve
+
+        source = self.metrics.get("config", {}).get("model_source")
+        return resolve(str(source)) if source else None
+
     def speed(self, name: str) -> float | None:
         return self.metrics.get("speed", {}).get(name)
 
@@ -197,6 +208,21 @@ def _parse_point(path: Path, point: str, family: str, metrics: dict) -> float | 
             raise ResultLayoutError(f"{path}: folder {point!r} holds a run at τ = {tau:g}")
     # AR commits one token per step whatever τ is: its τ is not a setting of the point.
     return None if family == "ar" else tau
+
+
+def quality_interval(metrics: dict, name: str) -> tuple[float, float] | None:
+    """The 95 % bootstrap interval of quality ``name`` in a metrics.json (None where none was
+    recorded)."""
+    entry = metrics.get("quality", {}).get(name) or {}
+    interval = entry.get("bootstrap_95")
+    if isinstance(interval, list) and len(interval) == 2 and all(map(is_number, interval)):
+        return float(interval[0]), float(interval[1])
+    return None
+
+
+def is_number(value) -> bool:
+    """A JSON number (not a boolean)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def model_title(family: str, size: int | None) -> str:

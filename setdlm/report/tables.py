@@ -46,7 +46,7 @@ class Metric:
             return None
         value, std = _scaled(entry["value"], self.scale), _scaled(entry.get("std"), self.scale)
         if self.interval:
-            low, high = entry.get("bootstrap_95") or (None, None)
+            low, high = point.interval(self.name) or (None, None)
             return (value, _scaled(low, self.scale), _scaled(high, self.scale))
         return (value, std) if self.spread else value
 
@@ -81,12 +81,14 @@ GSM8K = TableSpec(
         Metric("strict_match", "acc strict_match (%)", 100.0, interval=True),
         Metric("flexible_extract", "acc flexible_extract (%)", 100.0, interval=True),
     ),
-    "Units: accuracy in % of problems (metrics.json value × 100); "
-    + INTERVALS
-    + " Δ = ours − published, in "
-    "percentage points, tokens/s and tokens per step. Δ acc compares our paper_exact (the "
-    "official script's own accuracy) with the published accuracy: whether the paper reports "
-    "that or lm-eval's strict_match is not confirmed (SPEC 5.1), so both are shown.",
+    "Units: accuracy in % of problems (metrics.json value × 100); " + INTERVALS,
+)
+# What the Δ columns mean, where the table has them.
+GSM8K_DELTAS = (
+    "Δ = ours − published, in percentage points, tokens/s and tokens per step. Δ acc compares "
+    "our paper_exact (the official script's own accuracy) with the published accuracy: whether "
+    "the paper reports that or lm-eval's strict_match is not confirmed (SPEC 5.1), so both are "
+    "shown."
 )
 ARITHMETIC = TableSpec(
     "arithmetic_pareto",
@@ -296,11 +298,8 @@ GSM8K_TEST_PROBLEMS = 1319
 def not_comparable(point: ResultPoint) -> str | None:
     """Why a GSM8K point cannot be compared with the published numbers (None: it can): only
     a published checkpoint, on the whole test set, with the paper's Pareto protocol."""
-    from setdlm.zoo import resolve
-
-    config = point.metrics.get("config", {})
-    spec = resolve(str(config.get("model_source", "")))
-    settings = config.get("task_settings", {})
+    spec = point.published_checkpoint()
+    settings = point.metrics.get("config", {}).get("task_settings", {})
     if spec is None or spec.task != "gsm8k":
         return "the model is not a published GSM8K checkpoint (trained here, or another one)"
     if settings.get("protocol") != "pareto":
@@ -349,7 +348,7 @@ def gsm8k_table(results: Results) -> Table:
         + TRACE_COLUMNS
     )
     notes = [
-        GSM8K.units,
+        f"{GSM8K.units} {GSM8K_DELTAS}",
         SPEED_NOTE,
         *_result_notes(points, GSM8K, results),
         f"Published numbers: {published.PROVENANCE}. Matched by family, size and τ (AR: its "
@@ -370,7 +369,7 @@ def _gsm8k_table_without_published(results: Results, points, reasons: dict) -> T
     reason_of = {id(point.metrics): reasons[point.key] for point in points}
     why = _grouped(points, lambda metrics: reason_of[id(metrics)])
     notes = [
-        GSM8K.units.split(" Δ = ")[0],
+        GSM8K.units,
         SPEED_NOTE,
         *_result_notes(points, GSM8K, results),
         f"Not comparable with the published numbers ({published.PROVENANCE}): {why}. "
@@ -420,8 +419,7 @@ def _scaled(value, scale: float):
 def _agreement(point: ResultPoint, reference) -> str:
     """ "agrees" only when the published accuracy lies in our 95 % interval of paper_exact:
     the declared tolerance. Speed depends on the hardware and is shown, never judged."""
-    entry = point.metrics.get("quality", {}).get("paper_exact", {})
-    interval = entry.get("bootstrap_95")
+    interval = point.interval("paper_exact")
     if interval is None:
         return "compared (no interval recorded: agreement not judged)"
     low, high = (100 * bound for bound in interval)

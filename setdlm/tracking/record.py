@@ -26,7 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from setdlm.eval.records import config_hash
-from setdlm.report.results import HEADLINE_QUALITY, LIKELIHOOD_HEADLINE, LIKELIHOOD_PREFIX
+from setdlm.report.results import (
+    HEADLINE_QUALITY,
+    LIKELIHOOD_HEADLINE,
+    LIKELIHOOD_PREFIX,
+    quality_interval,
+)
 from setdlm.tracking.results import ResultPoint
 
 # MLflow's limits (mlflow.utils.validation): longer keys or values are refused.
@@ -128,9 +133,9 @@ def _key_metrics(point: ResultPoint) -> tuple[dict[str, float], str | None]:
         numbers["quality"] = float(entry["value"])
         if point.task in ACCURACY_TASKS:
             numbers["accuracy"] = numbers["quality"]
-        interval = entry.get("bootstrap_95")
-        if isinstance(interval, list) and len(interval) == 2:  # the error bar, as two metrics
-            numbers["quality_low"], numbers["quality_high"] = map(float, interval)
+        interval = quality_interval(point.metrics, headline)
+        if interval is not None:  # the error bar, as two metrics
+            numbers["quality_low"], numbers["quality_high"] = interval
     for name, field in KEY_SPEED:
         if isinstance(speed.get(field), int | float):
             numbers[name] = float(speed[field])
