@@ -104,7 +104,31 @@ def load_wikitext2(
     return TextSplits(train=articles[:-n_heldout], heldout=articles[-n_heldout:])
 
 
-class ChunkedLMDataset(torch.utils.data.Dataset):
+class TokenRowsDataset(torch.utils.data.Dataset):
+    """Rows of token ids, ``input_ids`` (N, L); an item is ``{"input_ids": (L,),
+    "attention_mask": (L,)}`` with an all-ones mask: every position is trained on."""
+
+    input_ids: torch.Tensor  # (N, L)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        input_ids = self.input_ids[index]  # (L,)
+        return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+
+
+def _bos_eos(tokenizer: PreTrainedTokenizerBase, purpose: str) -> tuple[int, int]:
+    bos_id, eos_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+    if bos_id is None or eos_id is None:
+        raise ValueError(
+            f"tokenizer {tokenizer.name_or_path!r} needs bos and eos tokens {purpose} "
+            f"(bos_token_id={bos_id}, eos_token_id={eos_id})"
+        )
+    return bos_id, eos_id
+
+
+class ChunkedLMDataset(TokenRowsDataset):
     """Documents -> one token stream (EOS after each document) -> chunks of ``length`` tokens.
 
     Every chunk is BOS followed by the next ``length - 1`` tokens of the stream; the tail that
@@ -115,12 +139,7 @@ class ChunkedLMDataset(torch.utils.data.Dataset):
     def __init__(self, documents: Sequence[str], tokenizer: PreTrainedTokenizerBase, length: int):
         if length < 2:
             raise ValueError(f"chunk length must be at least 2 (BOS + one token), got {length}")
-        bos_id, eos_id = tokenizer.bos_token_id, tokenizer.eos_token_id
-        if bos_id is None or eos_id is None:
-            raise ValueError(
-                f"tokenizer {tokenizer.name_or_path!r} needs bos and eos tokens to chunk "
-                f"documents (bos_token_id={bos_id}, eos_token_id={eos_id})"
-            )
+        bos_id, eos_id = _bos_eos(tokenizer, "to chunk documents")
         encoded = tokenizer(list(documents), add_special_tokens=False)["input_ids"]
         stream = [token for document in encoded for token in [*document, eos_id]]
         body_length = length - 1
@@ -137,15 +156,8 @@ class ChunkedLMDataset(torch.utils.data.Dataset):
         self.length = length
         self.n_stream_tokens = len(stream)
 
-    def __len__(self) -> int:
-        return self.input_ids.shape[0]
 
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        input_ids = self.input_ids[index]  # (L,)
-        return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
-
-
-class PaddedRowsDataset(torch.utils.data.Dataset):
+class PaddedRowsDataset(TokenRowsDataset):
     """One document per row: BOS + document + EOS, filled up to ``length`` with more EOS.
 
     For short, self-contained documents (the arithmetic problems): every row starts where a
@@ -155,12 +167,7 @@ class PaddedRowsDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, documents: Sequence[str], tokenizer: PreTrainedTokenizerBase, length: int):
-        bos_id, eos_id = tokenizer.bos_token_id, tokenizer.eos_token_id
-        if bos_id is None or eos_id is None:
-            raise ValueError(
-                f"tokenizer {tokenizer.name_or_path!r} needs bos and eos tokens for rows "
-                f"(bos_token_id={bos_id}, eos_token_id={eos_id})"
-            )
+        bos_id, eos_id = _bos_eos(tokenizer, "for rows")
         encoded = tokenizer(list(documents), add_special_tokens=False)["input_ids"]
         rows = []
         for index, document in enumerate(encoded):
@@ -175,10 +182,3 @@ class PaddedRowsDataset(torch.utils.data.Dataset):
             raise ValueError("no documents to make rows of")
         self.input_ids = torch.tensor(rows, dtype=torch.long)  # (N, L)
         self.length = length
-
-    def __len__(self) -> int:
-        return self.input_ids.shape[0]
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        input_ids = self.input_ids[index]  # (L,)
-        return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
