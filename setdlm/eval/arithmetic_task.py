@@ -23,7 +23,7 @@ from setdlm.eval.generated_text import text_before_eos
 from setdlm.eval.gsm8k import METRIC_DEFINITIONS as GSM8K_METRICS
 from setdlm.eval.gsm8k import gsm8k_decode_config, score_output
 from setdlm.eval.infill import Segments, build_infill_input
-from setdlm.eval.intervals import bootstrap_95
+from setdlm.eval.intervals import scored_means
 from setdlm.eval.runner import Example, Task
 from setdlm.validation import SettingError
 
@@ -90,7 +90,8 @@ class ArithmeticTask(Task):
     def _solve_example(self, problem, tokenizer, model) -> Example:
         text = problem.question + "\n"
         ids = [model.config.bos_token_id, *tokenizer.encode(text, add_special_tokens=False)]
-        return Example(problem.id, ids, text, problem.answer, {"eos_token_id": _eos(model)})
+        meta = {"eos_token_id": model.config.eos_token_id}
+        return Example(problem.id, ids, text, problem.answer, meta)
 
     def _infill_example(self, problem, tokenizer, model) -> Example:
         before, step, after = arithmetic.split_for_infilling(problem)
@@ -98,10 +99,10 @@ class ArithmeticTask(Task):
             Segments(before, step, after),
             tokenizer,
             bos_token_id=model.config.bos_token_id,
-            eos_token_id=_eos(model),
+            eos_token_id=model.config.eos_token_id,
             mask_token_id=model.config.mask_token_id,
         )
-        meta = {"eos_token_id": _eos(model), "span_length": full.span_length}
+        meta = {"eos_token_id": model.config.eos_token_id, "span_length": full.span_length}
         if model.config.family == "ar":  # the left context, then exactly the step's length
             ids = full.input_ids[: full.span_start]
             return Example(problem.id, ids, before, step, meta, max_new_tokens=full.span_length)
@@ -132,18 +133,7 @@ class ArithmeticTask(Task):
 
     def aggregate(self, records: list[dict]) -> dict[str, dict]:
         definitions = SOLVE_METRICS if self.config.variant == "solve" else INFILL_METRICS
-        columns = {name: [r["scores"][name] for r in records] for name in definitions}
-        intervals = bootstrap_95(columns)
-        return {
-            name: {
-                "value": sum(values) / len(values),
-                "count": int(sum(values)),
-                "bootstrap_95": intervals[name],
-                "definition": f"{definitions[name]}; mean over {len(values)} test problems",
-            }
-            for name, values in columns.items()
-        }
-
-
-def _eos(model) -> int:
-    return model.config.eos_token_id
+        quality = scored_means(records, definitions)
+        for name, definition in definitions.items():
+            quality[name]["definition"] = f"{definition}; mean over {len(records)} test problems"
+        return quality

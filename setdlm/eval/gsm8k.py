@@ -31,7 +31,7 @@ from pathlib import Path
 from setdlm.core.decoding import DecodeConfig
 from setdlm.data.jsonl import read_jsonl
 from setdlm.errors import DataError
-from setdlm.eval.intervals import bootstrap_95
+from setdlm.eval.intervals import scored_means
 from setdlm.eval.runner import Example, Task
 from setdlm.hub import load_hub_dataset
 from setdlm.paths import data_dir, data_path
@@ -420,15 +420,9 @@ class GSM8KTask(Task):
 
     def aggregate(self, records: list[dict]) -> dict[str, dict]:
         template = ",".join(sorted(self.templates_used)) or "unknown"
-        columns = {name: [r["scores"][name] for r in records] for name in METRIC_DEFINITIONS}
-        intervals = bootstrap_95(columns)
-        quality = {}
+        quality = scored_means(records, METRIC_DEFINITIONS)
         for name, definition in METRIC_DEFINITIONS.items():
-            values = columns[name]
-            quality[name] = {
-                "value": sum(values) / len(values),
-                "count": int(sum(values)),
-                "bootstrap_95": intervals[name],
+            quality[name] |= {
                 "definition": definition,
                 "protocol": self.protocol.name,
                 "prompt_template": template,

@@ -31,3 +31,18 @@ def bootstrap_95(
         low, high = np.percentile(means, [50 * (1 - LEVEL), 50 * (1 + LEVEL)])
         intervals[name] = [float(low), float(high)]
     return intervals
+
+
+def scored_means(records: list[dict], names) -> dict[str, dict]:
+    """{name: {"value": mean, "count": sum, "bootstrap_95": [low, high]}} of the per-example
+    0/1 scores ``record["scores"][name]`` (a task adds its definitions)."""
+    columns = {name: [record["scores"][name] for record in records] for name in names}
+    intervals = bootstrap_95(columns)
+    return {
+        name: {
+            "value": sum(values) / len(values),
+            "count": int(sum(values)),
+            "bootstrap_95": intervals[name],
+        }
+        for name, values in columns.items()
+    }
