@@ -53,6 +53,7 @@ TINY_DEFAULTS = {
     "steps": 400,
     "warmup_steps": 20,
     "batch_size": 16,
+    "corpus": "wikitext2",
 }
 
 
@@ -230,9 +231,14 @@ def train_settings(config: dict, name: str) -> dict:
     return {**config["train"], **config["models"][name].get("train", {})}
 
 
+def resolved_train_settings(config: dict, name: str) -> dict:
+    """``train_settings`` with the TinySettings defaults the checks and the plan read."""
+    return {**TINY_DEFAULTS, **train_settings(config, name)}
+
+
 def train_corpus(config: dict, name: str) -> str:
-    """What a model trained here learns from (TinySettings' default: WikiText-2)."""
-    return train_settings(config, name).get("corpus", "wikitext2")
+    """What a model trained here learns from."""
+    return resolved_train_settings(config, name)["corpus"]
 
 
 def _model_errors(name: str, entry: dict, config: dict, published: dict) -> list[str]:
@@ -252,7 +258,7 @@ def _model_errors(name: str, entry: dict, config: dict, published: dict) -> list
     if errors:
         return errors
     if "train" in entry:
-        settings = {**TINY_DEFAULTS, **train_settings(config, name)}
+        settings = resolved_train_settings(config, name)
         origin = lambda key: f"{where}.train.{key}" if key in entry["train"] else f"train.{key}"  # noqa: E731
         errors += _length_errors(where, family, entry, settings["length"], origin("length"))
         if settings["hidden_size"] % settings["n_heads"]:
@@ -334,7 +340,7 @@ def model_length(config: dict, published: dict, name: str, task: str) -> int:
     """The length of the model a task uses (its published checkpoint's, or the trained one's)."""
     entry = config["models"][name]
     if "train" in entry:
-        return {**TINY_DEFAULTS, **train_settings(config, name)}["length"]
+        return resolved_train_settings(config, name)["length"]
     return resolve_key(entry["checkpoint"][TASK_DOMAIN[task]], published)["length"]
 
 
@@ -346,11 +352,12 @@ def _task_errors(task: str, settings: dict, config: dict, published: dict) -> li
         if name not in models:
             errors.append(f"{where}.models[{index}]: {name!r} is not defined under `models`")
         elif task in ARITHMETIC_TASKS and "train" in models[name]:
-            if train_corpus(config, name) != "arithmetic":
+            corpus = train_corpus(config, name)
+            if corpus != "arithmetic":
                 errors.append(
-                    f"{where}.models[{index}]: {name!r} is trained on "
-                    f"{train_corpus(config, name)}, but {task} needs a model trained on the "
-                    "arithmetic problems (models.<name>.train.corpus: arithmetic)"
+                    f"{where}.models[{index}]: {name!r} is trained on {corpus}, but {task} "
+                    "needs a model trained on the arithmetic problems "
+                    "(models.<name>.train.corpus: arithmetic)"
                 )
         elif "checkpoint" in models[name] and TASK_DOMAIN[task] not in models[name]["checkpoint"]:
             errors.append(

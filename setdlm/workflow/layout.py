@@ -23,8 +23,8 @@ MODEL_NAME = re.compile(
     r"^(?:(?P<plain>ar|mdlm)|bd3lm-s(?P<s>[1-9]\d*)|setdlm-smax(?P<m>[1-9]\d*))"
     r"(?:-(?P<tag>[a-z][a-z0-9]*))?$"
 )
-# The same grammar for Snakemake's {model} wildcard (no anchors, no groups).
-MODEL_WILDCARD = r"(?:ar|mdlm|bd3lm-s[1-9]\d*|setdlm-smax[1-9]\d*)(?:-[a-z][a-z0-9]*)?"
+# The same grammar for Snakemake's {model} wildcard (no anchors, no named groups).
+MODEL_WILDCARD = re.sub(r"\(\?P<\w+>", "(?:", MODEL_NAME.pattern.strip("^$"))
 
 # arithmetic-*: the synthetic task of setdlm/eval/arithmetic.py (solve, and infill one step)
 ARITHMETIC_TASKS = ("arithmetic-solve", "arithmetic-infill")

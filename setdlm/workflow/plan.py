@@ -20,12 +20,12 @@ from pathlib import Path
 from setdlm.git import head_commit
 from setdlm.workflow import datasets
 from setdlm.workflow.config import (
-    TINY_DEFAULTS,
     data_dir,
     datasets_needed,
     digest,
     load_published,
     resolve_key,
+    resolved_train_settings,
     task_dataset,
     train_corpus,
     train_settings,
@@ -93,7 +93,7 @@ class Plan:
     def train_priority(self, name: str) -> int:
         """Snakemake's priority of a training: above every evaluation (0), the costliest
         first, so that on a few cores the longest trainings start before anything waits."""
-        settings = {**TINY_DEFAULTS, **train_settings(self.config, name)}
+        settings = resolved_train_settings(self.config, name)
         cost = settings["steps"] * settings["batch_size"] * settings["length"]
         return 1 + cost * TRAINING_COST[self.config["models"][name]["family"]] // 1000
 
@@ -209,8 +209,9 @@ def _plan_model_points(plan: Plan, published: dict, task: str, settings: dict, n
         inputs["model"] = plan.model_marker(name, domain)
         model_identity = digest({"key": spec["key"], "revision": spec["revision"]})
         plan.fetched[(name, domain)] = model_identity
-    if task_dataset(task, settings) is not None:
-        inputs["data"] = plan.data_manifest(task_dataset(task, settings))
+    dataset = task_dataset(task, settings)
+    if dataset is not None:
+        inputs["data"] = plan.data_manifest(dataset)
     override = settings.get("overrides", {}).get(name, {})
     evaluator = settings.get("evaluator")
     if isinstance(evaluator, dict):
