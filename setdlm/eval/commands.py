@@ -13,7 +13,6 @@ import json
 from pathlib import Path
 
 from setdlm.core.decoding import DecodeConfig
-from setdlm.eval.arithmetic_task import ArithmeticSettings
 from setdlm.validation import (
     BATCH_SIZE,
     BLOCK_SIZE,
@@ -111,8 +110,8 @@ def add_parsers(commands) -> None:
     arithmetic.add_argument(
         "--max-new-tokens",
         type=NEW_TOKENS,
-        default=ArithmeticSettings.max_new_tokens,
-        help="solve: the budget",
+        default=None,
+        help="solve: the budget (default: the task's, the longest solution with its EOS)",
     )
     unconditional = parsers["unconditional"]
     unconditional.add_argument(
@@ -301,14 +300,18 @@ def _run_point(args, loaded, tokenizer, threshold: float, out: Path, settings) -
         )
         decode = infill_decode_config(source, base)
     elif args.task == "arithmetic":
-        from setdlm.eval.arithmetic_task import ArithmeticTask, arithmetic_decode_config
+        from setdlm.eval.arithmetic_task import (
+            ArithmeticSettings,
+            ArithmeticTask,
+            arithmetic_decode_config,
+        )
 
         task = ArithmeticTask(
             ArithmeticSettings(
                 variant=args.variant,
                 limit=args.limit or ArithmeticSettings.limit,
                 problem_seed=args.problem_seed,
-                max_new_tokens=args.max_new_tokens,
+                max_new_tokens=args.max_new_tokens or ArithmeticSettings.max_new_tokens,
             )
         )
         decode = arithmetic_decode_config(model, base)
