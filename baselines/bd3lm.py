@@ -127,7 +127,9 @@ class BlockCachePolicy(OrderPolicy):
             len(pending), len(block), clean_causal=False, noisy_see_each_other=True
         )
         targets = [(len(pending) + i, s) for i, s in enumerate(block) if row.tokens[s] == mask_id]
-        return RowInputs(pending + block, attend, len(pending), targets, k=_step_quota(state))
+        return RowInputs(
+            pending + block, attend, len(pending), targets, k=_step_quota(state), ranked=block
+        )
 
     def observe(self, row: RowState, committed: list[int]) -> None:
         del committed

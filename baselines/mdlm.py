@@ -140,7 +140,7 @@ class SemiAutoregressivePolicy(OrderPolicy):
         first = max(0, min(end, len(row.tokens)) - self.length) if end > self.length else 0
         slots = list(range(first, min(first + self.length, len(row.tokens))))
         targets = [(s - first, s) for s in masked]
-        return RowInputs(slots, None, 0, targets, k=_step_quota(state))
+        return RowInputs(slots, None, 0, targets, k=_step_quota(state), ranked=block)
 
     def observe(self, row: RowState, committed: list[int]) -> None:
         del committed

@@ -21,6 +21,12 @@ DATA_DIR = Path(os.environ["SETDLM_DATA_DIR"])
 PARITY_DIR = Path(
     os.environ.get("SETDLM_PARITY_DIR", DATA_DIR.parent / "fixtures" / "official-parity")
 )
+# Saturated confidences: large logits, so exact ties at 1.0 decide commits (their README).
+SATURATED_PARITY_DIR = Path(
+    os.environ.get(
+        "SETDLM_SATURATED_PARITY_DIR", DATA_DIR.parent / "fixtures" / "official-parity-saturated"
+    )
+)
 # No SLURM cluster given: every submitting command is refused for the whole session
 # (subprocesses included), and a session in which anything tried fails (tests/slurm_guard.py).
 SLURM_GUARD = None
@@ -53,6 +59,16 @@ def parity_dir() -> Path:
     if not PARITY_DIR.is_dir():
         pytest.fail(f"official-parity fixtures not found at {PARITY_DIR}; set SETDLM_PARITY_DIR")
     return PARITY_DIR
+
+
+@pytest.fixture(scope="session")
+def saturated_parity_dir() -> Path:
+    if not SATURATED_PARITY_DIR.is_dir():
+        pytest.fail(
+            f"saturated official-parity fixtures not found at {SATURATED_PARITY_DIR}; "
+            "set SETDLM_SATURATED_PARITY_DIR"
+        )
+    return SATURATED_PARITY_DIR
 
 
 @pytest.fixture(autouse=True)

@@ -109,7 +109,9 @@ def tau_ignored(monkeypatch):
     from setdlm.core.decoding import engine
 
     original = engine.select_by_confidence
-    monkeypatch.setattr(engine, "select_by_confidence", lambda c, k, t: original(c, k, math.inf))
+    monkeypatch.setattr(
+        engine, "select_by_confidence", lambda c, d, k, t: original(c, d, k, math.inf)
+    )
 
 
 def confidence_inverted(monkeypatch):
@@ -117,7 +119,7 @@ def confidence_inverted(monkeypatch):
     from setdlm.core.decoding import engine
 
     original = engine.select_by_confidence
-    inverted = lambda c, k, t: original([-v for v in c], k, -t)  # noqa: E731
+    inverted = lambda c, d, k, t: original(-c, d, k, -t)  # noqa: E731
     monkeypatch.setattr(engine, "select_by_confidence", inverted)
 
 

@@ -74,6 +74,11 @@ class RowInputs:
     # (input index whose logits predict, canvas slot predicted); empty = cache-only forward
     targets: list[tuple[int, int]] = field(default_factory=list)
     k: int = 1  # commit at least this many targets (the most confident)
+    # Canvas slots of the row that confidences are ranked over, in its order, when it is more
+    # than the targets (MDLM and BD3LM rank their whole block, decoded slots at +inf, as the
+    # official sampler does; the row's composition decides how torch's sort orders ties).
+    # None: the targets, in order.
+    ranked: list[int] | None = None
 
 
 class OrderPolicy(ABC):
@@ -300,22 +305,33 @@ def _decode_targets(family, rows, plans, logits, config: DecodeConfig) -> list[l
     probs = nucleus_filter(probabilities(target_logits, mask_id), config.top_p)
     generators = [row.generator for row in rows] if config.do_sample else None
     tokens, confidence = choose_tokens(probs, config.do_sample, generators, counts)
-    tokens, confidence = tokens.tolist(), confidence.tolist()
+    token_rows, confidence_rows = tokens.tolist(), confidence.tolist()
     for row, inputs in zip(rows, plans, strict=True):
         n = counts[row.index]
         if not n:
             continue
-        chosen = select_by_confidence(
-            confidence[row.index][:n], inputs.k, config.confidence_threshold
-        )
-        for i in chosen:
+        for i in _chosen_targets(inputs, confidence[row.index, :n], config.confidence_threshold):
             slot = inputs.targets[i][1]
-            row.tokens[slot] = tokens[row.index][i]
-            row.confidence[slot] = confidence[row.index][i]
+            row.tokens[slot] = token_rows[row.index][i]
+            row.confidence[slot] = confidence_rows[row.index][i]
             committed[row.index].append(slot)
+            row.committed += 1
         row.steps += 1
-        row.committed += len(chosen)
     return committed
+
+
+def _chosen_targets(inputs: RowInputs, confidence: torch.Tensor, threshold: float) -> list[int]:
+    """Indices of the targets to commit; confidence: (n,), one per target."""
+    if inputs.ranked is None:
+        return select_by_confidence(confidence, None, inputs.k, threshold)
+    target_of = {slot: i for i, (_, slot) in enumerate(inputs.targets)}
+    where = [target_of.get(slot, -1) for slot in inputs.ranked]  # row entry -> target or -1
+    if len(set(where) - {-1}) != len(inputs.targets):
+        raise ValueError("RowInputs.ranked must hold every target slot once")
+    decoded = torch.tensor([i < 0 for i in where], device=confidence.device)
+    placed = torch.tensor([max(i, 0) for i in where], device=confidence.device)
+    row = confidence[placed]  # (R,); decoded entries are overwritten with +inf
+    return sorted(where[j] for j in select_by_confidence(row, decoded, inputs.k, threshold))
 
 
 def _apply_processors(logits, rows, plans, config: DecodeConfig, mask_id: int):

@@ -8,13 +8,20 @@ MASKED_LOGIT = -1e12  # the official value: large enough to vanish in float32 so
 
 
 def probabilities(logits: torch.Tensor, mask_token_id: int | None) -> torch.Tensor:
-    """(B, D, V) logits -> probabilities, with the mask token excluded as a prediction.
+    """(B, D, V) logits -> probabilities exp(x - logsumexp(x)), in the logits' own dtype, with
+    the mask token excluded as a prediction.
 
+    This is the official computation (log-probs from ``x - logsumexp(x)``, then ``exp``), not
+    softmax: near saturation the log-sum-exp rounds to the largest logit, so a confident
+    position gets a probability of exactly 1.0 where softmax gives a value 1-2 ulps below it.
+    Several positions then share the top confidence and the tie-break below decides which one
+    a step commits. The dtype is the backbone's (float32 here; bf16 logits give bf16
+    confidences, as in the official code, whose backbones do not upcast their logits).
     Writes into ``logits``: callers pass a tensor of their own (gathered target rows).
     """
     if mask_token_id is not None:
         logits[..., mask_token_id] = MASKED_LOGIT
-    return torch.softmax(logits.float(), dim=-1)
+    return (logits - torch.logsumexp(logits, dim=-1, keepdim=True)).exp()
 
 
 def nucleus_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -58,19 +65,47 @@ def choose_tokens(
         tokens = race.argmax(dim=-1)
         confidence = probs.gather(-1, tokens[..., None]).squeeze(-1)
         return tokens, confidence
-    confidence, tokens = probs.max(dim=-1)
+    # argmax keeps the first of equal probabilities, as the official float64 argmax does
+    tokens = probs.argmax(dim=-1)
+    confidence = probs.gather(-1, tokens[..., None]).squeeze(-1)
     return tokens, confidence
 
 
-def select_by_confidence(confidence: list[float], k: int, threshold: float) -> list[int]:
-    """Indices to commit: the ``k`` most confident plus every one at or above ``threshold``.
+def select_by_confidence(
+    confidence: torch.Tensor, decoded: torch.Tensor | None, k: int, threshold: float
+) -> list[int]:
+    """Which entries of one ranked row to commit: the ``k`` most confident undecoded ones plus
+    every undecoded one whose confidence is at least ``threshold``. Returns indices, in order.
 
-    Ties are broken toward the earlier index; the result is in index order.
+    confidence: (R,) in the dtype the probabilities were computed in; decoded: (R,) bool, the
+    row's entries that are already decoded (None: none). The row is the one the official
+    sampler ranks: for MDLM and BD3LM the whole current block (decoded slots included), for
+    SetDLM the masked slots of the window, in position order.
+
+    The official rule (``MDLM._generate_unconditional``, "always decode the most confident
+    token"), reproduced step by step because it decides the commits whenever confidences tie,
+    which they do once they saturate at 1.0:
+    1. decoded entries get confidence +inf;
+    2. ``argsort`` ascending with torch's default sort (not the stable one), on the row's own
+       device and dtype; the last (#decoded + k) entries are kept, all of them when that is the
+       whole row. On CPU torch sorts rows of at most 16 values stably, so among equal
+       confidences the **later** position is kept; longer rows (and CUDA) order equal values as
+       that sort does, which is why we call the same sort on the same values rather than a
+       rule of our own;
+    3. the threshold is tested afterwards and independently of the ranking, on the probability
+       in its own dtype (τ = 0.9 compared with bf16 confidences is bf16's 0.8984375, as there).
     """
-    ranked = sorted(range(len(confidence)), key=lambda i: (-confidence[i], i))
-    chosen = set(ranked[:k])
-    chosen.update(i for i, value in enumerate(confidence) if value >= threshold)
-    return sorted(chosen)
+    row = confidence.clone()
+    if decoded is not None:
+        row[decoded] = torch.inf
+    undecoded = torch.ones_like(row, dtype=torch.bool) if decoded is None else ~decoded
+    keep = int((~undecoded).sum()) + k
+    order = row[None].argsort(dim=-1)[0]  # (R,) ascending
+    chosen = torch.zeros_like(undecoded)
+    chosen[order[max(0, len(order) - keep) :]] = True
+    chosen |= row >= threshold
+    chosen &= undecoded
+    return chosen.nonzero().flatten().tolist()
 
 
 def tokens_per_step(num_tokens: int, num_steps: int | None) -> list[int]:
