@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import torch
 
-from baselines.mdlm import MDLM, _step_quota, decode_blocks, uniform
+from baselines.mdlm import MDLM, _step_quota, block_end_stop_check, decode_blocks, uniform
 from setdlm.core import masks
-from setdlm.core.decoding import DecodeConfig, OrderPolicy, RowInputs, RowState
+from setdlm.core.decoding import DecodeConfig, OrderPolicy, RowInputs, RowState, StopCheck
 from setdlm.core.decoding.sampling import tokens_per_step
 from setdlm.core.outputs import LossOutput
 
@@ -89,13 +89,14 @@ class BlockCachePolicy(OrderPolicy):
 
     def setup(self, row: RowState) -> None:
         row.policy = SimpleNamespace(
-            blocks=decode_blocks(row, self.block, self.config.official_compat),
+            blocks=decode_blocks(row, self.block, self.config),
             current=0,
             step=0,
             pending=[],  # a finished block not yet cached
             sending_pending=False,
             cache_only=False,
             per_step=tokens_per_step(self.block, self.config.num_steps),
+            finished_end=None,  # end slot of a block the last forward finished
         )
 
     def prefill(self, row: RowState) -> RowInputs | None:
@@ -143,3 +144,7 @@ class BlockCachePolicy(OrderPolicy):
         mask_id = self.family.config.mask_token_id
         if all(row.tokens[s] != mask_id for s in block):
             state.pending, state.current, state.step = block, state.current + 1, 0
+            state.finished_end = block[-1] + 1
+
+    def official_stop_check(self, row: RowState) -> StopCheck:
+        return block_end_stop_check(row)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import torch
 
 from setdlm.core import masks
-from setdlm.core.decoding import DecodeConfig, OrderPolicy, RowInputs, RowState
+from setdlm.core.decoding import DecodeConfig, OrderPolicy, RowInputs, RowState, StopCheck
 from setdlm.core.decoding.sampling import tokens_per_step
 from setdlm.core.family import Family, per_sequence_mean, subs_log_probs
 from setdlm.core.outputs import LossOutput
@@ -118,11 +118,19 @@ class SemiAutoregressivePolicy(OrderPolicy):
         if len(row.tokens) < self.length:
             row.tokens.extend([mask_id] * (self.length - len(row.tokens)))
             row.positions = list(range(len(row.tokens)))
+        blocks = decode_blocks(row, self.block, self.config)
+        if self.config.official_compat and not row.infill:
+            # The official canvas is padded to the model length with the generation pad token,
+            # which the official runs set to the mask token: the padding inside the blocks it
+            # opens is decoded as well. A budget that does not end on a block boundary then
+            # yields more tokens (and forwards) than max_new_tokens; they count as generated.
+            row.generated = [s for block in blocks for s in block if s >= row.prompt_length]
         row.policy = SimpleNamespace(
-            blocks=decode_blocks(row, self.block, self.config.official_compat),
+            blocks=blocks,
             current=0,
             step=0,
             per_step=tokens_per_step(self.block, self.config.num_steps),
+            finished_end=None,  # end slot of a block the last forward finished
         )
 
     def plan(self, row: RowState) -> RowInputs | None:
@@ -144,36 +152,56 @@ class SemiAutoregressivePolicy(OrderPolicy):
 
     def observe(self, row: RowState, committed: list[int]) -> None:
         del committed
-        row.policy.step += 1
+        state = row.policy
+        state.step += 1
+        block = state.blocks[state.current]
+        mask_id = self.family.config.mask_token_id
+        if all(row.tokens[s] != mask_id for s in block):
+            state.finished_end = block[-1] + 1
+
+    def official_stop_check(self, row: RowState) -> StopCheck:
+        return block_end_stop_check(row)
 
 
-def decode_blocks(row: RowState, block_size: int, official_compat: bool) -> list[list[int]]:
+def decode_blocks(row: RowState, block_size: int, config: DecodeConfig) -> list[list[int]]:
     """The canvas slots of each decoding block (shared by MDLM and BD3LM).
 
     Blocks sit at multiples of ``block_size`` in absolute position (where the model was
     trained to see block boundaries), from the block holding the first generated slot. By
-    default they cover the generated region exactly (the last one may be partial); with
-    official_compat there are ceil(max_new_tokens / block) full blocks from the aligned start,
-    as in the official sampler, so the number of new tokens can differ from the budget.
-    Infilling blocks cover the input and are kept only where they hold masked slots.
+    default they cover the generated region exactly (the last one may be partial). With
+    official_compat there are ceil(max_new_tokens / block) of them from the aligned start, as
+    in the official sampler, cut at the end of the canvas: fewer new tokens than the budget
+    when the prompt does not start on a boundary, and, for MDLM, whose canvas runs on to the
+    model length, possibly more. Infilling blocks cover the input and are kept only where
+    they hold masked slots.
     """
     if not row.generated:
         return []
     start = block_size * (row.generated[0] // block_size)
     if row.infill:
         end = row.prompt_length
-    elif official_compat:
-        count = -(-len(row.generated) // block_size)
-        end = min(start + count * block_size, row.generated[-1] + 1)
+    elif config.official_compat:
+        count = -(-config.max_new_tokens // block_size)
+        end = min(start + count * block_size, len(row.tokens))
     else:
         end = row.generated[-1] + 1
-    generated = set(row.generated)
+    # official_compat: every slot after the prompt is a masked canvas slot, the padding too
+    to_decode = set(row.generated) if row.infill or not config.official_compat else None
     blocks = []
     for block_start in range(start, end, block_size):
         slots = list(range(block_start, min(block_start + block_size, end)))
-        if generated.intersection(slots):
+        if (slots[-1] >= row.prompt_length) if to_decode is None else to_decode.intersection(slots):
             blocks.append(slots)
     return blocks
+
+
+def block_end_stop_check(row: RowState) -> StopCheck:
+    """The official MDLM/BD3LM samplers run their stopping criteria once a block is finished,
+    on the canvas up to its end, and truncate there (shared by MDLM and BD3LM)."""
+    end, row.policy.finished_end = row.policy.finished_end, None
+    if end is None:
+        return StopCheck(due=False)
+    return StopCheck(due=True, keep=sum(1 for s in row.generated if s < end))
 
 
 def uniform(shape, generator: torch.Generator | None, device) -> torch.Tensor:

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import torch
 
 from setdlm.core import masks
-from setdlm.core.decoding import DecodeConfig, OrderPolicy, RowInputs, RowState
+from setdlm.core.decoding import DecodeConfig, OrderPolicy, RowInputs, RowState, StopCheck
 from setdlm.core.decoding.sampling import tokens_per_step
 from setdlm.core.family import SUBS_MASKED_LOGIT, Family, per_sequence_mean
 from setdlm.core.outputs import LossOutput
@@ -176,3 +176,18 @@ class SlidingWindowPolicy(OrderPolicy):
             state.pending = sorted(committed)
         else:  # as in training, ties within a set are broken by first-hitting time
             state.pending = sorted(committed, key=lambda s: (-state.hitting[s], s))
+
+    def official_stop_check(self, row: RowState) -> StopCheck:
+        """The official sampler runs its stopping criteria after step i when i % W == 0 and
+        i > 0 (steps counted from 0, the prompt-cache forward excluded), unless nothing is left
+        to decode, on its canvas up to the end of the window (leftmost mask + W), and
+        truncates there."""
+        mask_id = self.family.config.mask_token_id
+        step = row.steps - 1
+        open_slots = [s for s in row.generated if row.tokens[s] == mask_id]
+        if step == 0 or step % self.window or not open_slots:
+            return StopCheck(due=False)
+        window_end = row.positions[open_slots[0]] + self.window
+        return StopCheck(
+            due=True, keep=sum(1 for s in row.generated if row.positions[s] < window_end)
+        )

@@ -190,9 +190,22 @@ def _compare(case, quantity, ours, ours_float64, theirs, strict) -> Check:
 
 
 # ------------------------------------------------------------------------------ decoding
-def decode_config_from_official(run: dict, family: str) -> tuple[DecodeConfig, dict]:
-    """Our DecodeConfig (and policy options) for one recorded official generation call."""
+def decode_config_from_official(
+    run: dict, family: str, mask_token_id: int | None = None
+) -> tuple[DecodeConfig, dict]:
+    """Our DecodeConfig (and policy options) for one recorded official generation call.
+
+    Settings our official_compat decoding does not reproduce are refused by name.
+    """
     passed = run["generation_config_passed"]
+    if family in ("mdlm", "bd3lm") and passed.get("align_inputs_to_blocks") is False:
+        raise ValueError("MDLM/BD3LM decoding is reproduced with align_inputs_to_blocks=true only")
+    pad = passed.get("pad_token_id")
+    if family == "mdlm" and mask_token_id is not None and pad is not None and pad != mask_token_id:
+        raise ValueError(
+            f"MDLM decoding is reproduced with the canvas padded by the mask token only "
+            f"(pad_token_id={pad}, mask={mask_token_id})"
+        )
     overrides = run.get("model_config_overrides") or {}
     processors = run.get("logits_processor") or []
     repetition = 1.0
@@ -219,6 +232,7 @@ def decode_config_from_official(run: dict, family: str) -> tuple[DecodeConfig, d
         top_p=float(passed.get("nucleus_p", 1.0)),
         repetition_penalty=repetition,
         repetition_context="visible",
+        stop_cadence="official",
         official_compat=True,
     )
     options = {}
@@ -230,7 +244,9 @@ def decode_config_from_official(run: dict, family: str) -> tuple[DecodeConfig, d
 def _generation(case, model, run) -> list[Check]:
     name = f"generate {run['variant']}"
     try:
-        config, options = decode_config_from_official(run, model.config.family)
+        config, options = decode_config_from_official(
+            run, model.config.family, model.config.mask_token_id
+        )
         if model.config.family == "ar" and model.config.backbone_kind == "qwen3":
             # The official AR runs transformers' generate, which stops at the backbone
             # config's EOS (it merges it into the generation config).

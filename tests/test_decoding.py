@@ -120,6 +120,48 @@ def test_official_block_alignment_can_change_the_number_of_new_tokens():
     assert model.generate(prompt, config).num_generated == [18]
 
 
+def _official_block_tokens(prompt: int, budget: int, block: int, canvas: int) -> int:
+    """New tokens of the official aligned-block sampler: ceil(budget / block) blocks from
+    block * floor(prompt / block), cut at the end of the canvas, minus the prompt."""
+    start = block * (prompt // block)
+    end = min(start + block * -(-budget // block), canvas)
+    return end - prompt
+
+
+@pytest.mark.parametrize("family", ["mdlm", "bd3lm"])
+@pytest.mark.parametrize("prompt_length", [2, 5, 8, 10, 11])
+def test_official_blocks_off_the_boundary_decode_what_the_official_decodes(
+    family, prompt_length
+):
+    """MDLM's canvas runs on to the model length (the official pads it with the mask token),
+    so a budget ending inside a block is decoded to the block's end: more tokens and forwards
+    than the budget; BD3LM's canvas ends with the budget, so it can only get fewer. At τ = 1e6
+    every step commits one token, so forwards follow the tokens exactly."""
+    model = tiny_model(family)
+    block, budget, length = (8 if family == "mdlm" else 4), 10, model.config.length
+    prompt = [prompts(1, lengths=(prompt_length,))[0]]
+    config = _config(
+        family,
+        max_new_tokens=budget,
+        block_size=block,
+        confidence_threshold=1e6,
+        official_compat=True,
+    )
+    output = model.generate(prompt, config)
+    canvas = max(prompt_length + budget, length) if family == "mdlm" else prompt_length + budget
+    expected = _official_block_tokens(prompt_length, budget, block, canvas)
+    assert output.num_generated == [expected] == [len(output.new_token_ids[0])]
+    # BD3LM: one forward caches the whole-block prompt part (when there is one); its finished
+    # blocks enter the cache inside the next block's first forward
+    prompt_cache = family == "bd3lm" and prompt_length >= block
+    assert output.nfe == expected + prompt_cache
+    if family == "mdlm" and prompt_length in (2, 10):
+        assert expected == 14 > budget  # e.g. 10 + 10 tokens: blocks [8, 24)
+    if family == "bd3lm" and prompt_length == 11:
+        assert expected == 9 < budget  # blocks [8, 20)
+    assert model.generate(prompt, config.replace(official_compat=False)).num_generated == [budget]
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_generation_stops_exactly_at_eos(family):
     model = tiny_model(family)
@@ -131,3 +173,33 @@ def test_generation_stops_exactly_at_eos(family):
     assert stopped.new_token_ids[0] == free.new_token_ids[0][: first + 1]
     assert stopped.num_generated[0] == first + 1
     assert stopped.stopped[0]
+
+
+@pytest.mark.parametrize("family", ["mdlm", "bd3lm", "setdlm"])
+def test_official_stop_cadence_checks_where_the_official_does(family):
+    """stop_cadence="official": a stop is acted on only at the official check (MDLM/BD3LM at
+    the end of a block, SetDLM after step i with i % W == 0, i > 0), and the row keeps the
+    official canvas up to that block or window end, tokens past the stop included."""
+    model = tiny_model(family)
+    prompt = [prompts(1, lengths=(6,))[0]]
+    config = _config(family, max_new_tokens=24, confidence_threshold=1e6)
+    free = model.generate(prompt, config)
+    stop_token = free.new_token_ids[0][2]
+    first = free.new_token_ids[0].index(stop_token)
+    exact = model.generate(prompt, config.replace(eos_token_ids=(stop_token,)))
+    official = model.generate(
+        prompt, config.replace(eos_token_ids=(stop_token,), stop_cadence="official")
+    )
+    kept = official.num_generated[0]
+    assert exact.num_generated == [first + 1] and exact.stopped == [True]
+    # the same decoding up to the official check: its tokens are the free run's, in order
+    assert official.new_token_ids[0] == free.new_token_ids[0][:kept]
+    assert first + 1 <= kept <= 24 and official.nfe >= exact.nfe
+    if family == "setdlm":
+        window = model.decode_policy(config).window
+        steps = official.row_steps[0]
+        assert official.stopped == [True] and (steps - 1) % window == 0 and steps > 1
+        assert official.nfe == steps + 1  # the prompt-cache forward
+    else:
+        block = 8 if family == "mdlm" else 4
+        assert (6 + kept) % block == 0  # the canvas is cut at a block end

@@ -74,6 +74,14 @@ def add_parsers(commands) -> None:
                 "--block-size", type=BLOCK_SIZE, default=None, help="MDLM/BD3LM block"
             )
             parser.add_argument("--warmup", type=WARMUP, default=1, help="untimed first examples")
+            parser.add_argument(
+                "--stop-cadence",
+                choices=("exact", "official"),
+                default=None,
+                help="when stops are looked for: exact (after every forward, the output ends at "
+                "the stop) or official (when the official sampler checks, keeping what it keeps); "
+                "default: official for a published checkpoint, else exact",
+            )
         if name in ("gsm8k", "cnndm", "infill"):
             parser.add_argument(
                 "--paper-throughput",
@@ -266,10 +274,14 @@ def _device(name: str):
 
 
 def _run_point(args, loaded, tokenizer, threshold: float, out: Path, settings) -> dict:
+    from setdlm.eval.paper_decoding import default_stop_cadence
     from setdlm.eval.runner import run_evaluation
 
     model, source = loaded.model, loaded.spec or loaded.model
-    base = DecodeConfig(confidence_threshold=threshold)
+    base = DecodeConfig(
+        confidence_threshold=threshold,
+        stop_cadence=args.stop_cadence or default_stop_cadence(loaded.spec),
+    )
     if args.task == "gsm8k":
         from setdlm.eval.gsm8k import GSM8KTask, gsm8k_decode_config
 

@@ -55,6 +55,7 @@ from setdlm.core.decoding import DecodeConfig
 from setdlm.data.tokenizers import load_tokenizer
 from setdlm.eval import gsm8k
 from setdlm.eval.fingerprint import sample_provenance
+from setdlm.eval.paper_decoding import default_stop_cadence
 from setdlm.eval.records import SampleLog, example_seed
 from setdlm.eval.timing import decoding_fields, summarize_speed, synchronized_timer
 from setdlm.files import atomic_write_json
@@ -106,6 +107,7 @@ class SetDLMHarnessLM(LM):
         window: int | None = None,
         block_size: int | None = None,
         fht_cache_order: bool | None = None,
+        stop_cadence: str | None = None,
         max_new_tokens: int = DEFAULT_MAX_GEN_TOKS,
         batch_size: int | str | None = 1,
         max_batch_size: int | None = None,  # lm-eval passes it; there is no automatic batch size
@@ -139,6 +141,7 @@ class SetDLMHarnessLM(LM):
             fht_cache_order=bool(fht_cache_order)
             if fht_cache_order is not None
             else bool(spec and spec.fht_cache_order),
+            stop_cadence=stop_cadence or default_stop_cadence(spec),
         )
         self.prefix_token_id = self._prefix_token()
         self.generation_records: list[dict] = []

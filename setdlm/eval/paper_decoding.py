@@ -47,6 +47,13 @@ def family_sizes(source) -> FamilySizes:
     return FamilySizes(config.family, config.length, config.block_size, d)
 
 
+def default_stop_cadence(spec) -> str:
+    """A published checkpoint (a ``zoo.PublishedModel``; None for our own models) stops as the
+    official sampler stops it, so that its NFE and generated-token counts are the official
+    ones; our models stop exactly at the stop."""
+    return "official" if spec is not None else "exact"
+
+
 def cnndm_decode_config(source, base: DecodeConfig | None = None) -> DecodeConfig:
     """The paper's CNN/DM family knobs on top of ``base`` (see the table above)."""
     base = base or DecodeConfig()

@@ -1,6 +1,21 @@
 """One decoding engine for every family; the families supply only their order and cache policy."""
 
 from setdlm.core.decoding.config import DecodeConfig
-from setdlm.core.decoding.engine import GenerationOutput, OrderPolicy, RowInputs, RowState, generate
+from setdlm.core.decoding.engine import (
+    GenerationOutput,
+    OrderPolicy,
+    RowInputs,
+    RowState,
+    StopCheck,
+    generate,
+)
 
-__all__ = ["DecodeConfig", "GenerationOutput", "OrderPolicy", "RowInputs", "RowState", "generate"]
+__all__ = [
+    "DecodeConfig",
+    "GenerationOutput",
+    "OrderPolicy",
+    "RowInputs",
+    "RowState",
+    "StopCheck",
+    "generate",
+]

@@ -41,6 +41,12 @@ class DecodeConfig:
     stop_regexes: tuple[str, ...] = ()
     # Stop after this many identical trailing tokens (0 disables).
     stop_repeated_tokens: int = 0
+    # When stops are looked for. "exact": after every forward, and the row ends at its stop.
+    # "official": when the official sampler runs its stopping criteria (MDLM/BD3LM after each
+    # block, SetDLM after every W-th step), and the row keeps what the official keeps (its
+    # canvas up to the block or window end, tokens past the stop included, counted as
+    # generated): NFE and token counts comparable with the official speed numbers.
+    stop_cadence: Literal["exact", "official"] = "exact"
     # Reproduce the official implementation's decoding quirks (see docs): MDLM/BD3LM decode
     # ceil(max_new_tokens / block) aligned blocks, so the number of new tokens can differ.
     official_compat: bool = False
@@ -56,6 +62,10 @@ class DecodeConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {value}")
+        if self.stop_cadence not in ("exact", "official"):
+            raise ValueError(
+                f"stop_cadence must be 'exact' or 'official', got {self.stop_cadence!r}"
+            )
         if self.length_penalty is not None and not self.eos_token_ids:
             raise ValueError("length_penalty needs eos_token_ids (the token it favours)")
 

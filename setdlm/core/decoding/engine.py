@@ -62,6 +62,7 @@ class RowState:
     positions_evaluated: int = 0
     committed: int = 0  # tokens committed by predictions
     confidence: dict[int, float] = field(default_factory=dict)  # slot -> its token's confidence
+    stop_checked: int = 0  # length of ``prefix`` the stop rules have already searched
 
 
 @dataclass
@@ -108,6 +109,19 @@ class OrderPolicy(ABC):
     @abstractmethod
     def observe(self, row: RowState, committed: list[int]) -> None:
         """Called after every forward with the canvas slots committed by predictions."""
+
+    def official_stop_check(self, row: RowState) -> StopCheck:
+        """When the official sampler runs its stopping criteria (``stop_cadence="official"``),
+        called after ``observe``. Default: after every forward, cut exactly at the stop (AR)."""
+        return StopCheck(due=True)
+
+
+@dataclass(frozen=True)
+class StopCheck:
+    due: bool  # the official checks its stopping criteria after this forward
+    # Leading generated slots the official keeps when the check finds a stop (it truncates its
+    # canvas there, so tokens past the stop are returned and counted); None: exactly the stop.
+    keep: int | None = None
 
 
 @dataclass
@@ -236,7 +250,7 @@ def _step(family, policy, rows, plans, cache, forward, config, stop_rule) -> Non
         if inputs is not None:
             policy.observe(row, committed[row.index])
             if not row.infill:
-                _check_stop(row, mask_id, stop_rule)
+                _check_stop(row, mask_id, stop_rule, policy, config.stop_cadence)
 
 
 def _attention(plans, width: int, cache, device) -> torch.Tensor | None:
@@ -368,18 +382,25 @@ def _decoded_before(row: RowState, mask_id: int) -> dict[int, int]:
     return counts
 
 
-def _check_stop(row: RowState, mask_id: int, stop_rule: StopRule) -> None:
-    checked = len(row.prefix)
+def _check_stop(row: RowState, mask_id: int, stop_rule: StopRule, policy, cadence: str) -> None:
+    """Search the newly decoded prefix for a stop; "exact" looks after every forward and ends the
+    row at the stop, "official" looks only when the official sampler would and keeps what it
+    keeps."""
     while len(row.prefix) < len(row.generated):
         token = row.tokens[row.generated[len(row.prefix)]]
         if token == mask_id:
             break
         row.prefix.append(token)
-    if stop_rule.active and len(row.prefix) > checked:
-        end = stop_rule.stop_point(row.prefix, checked)
-        if end is not None:
-            row.stop_at = end
-            row.done = True
+    if not stop_rule.active or len(row.prefix) == row.stop_checked:
+        return
+    check = policy.official_stop_check(row) if cadence == "official" else StopCheck(due=True)
+    if not check.due:
+        return
+    end = stop_rule.stop_point(row.prefix, row.stop_checked)
+    row.stop_checked = len(row.prefix)
+    if end is not None:
+        row.stop_at = end if check.keep is None else max(end, check.keep)
+        row.done = True
 
 
 def _collect(rows, mask_id, forward, wall_seconds) -> GenerationOutput:
