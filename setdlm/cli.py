@@ -89,7 +89,14 @@ def _main(argv: list[str]) -> int:
         "--strict", action="store_true", help="nominal tolerances only (no float32 noise allowance)"
     )
 
-    commands.add_parser("models", help="list the published checkpoints by key")
+    models = commands.add_parser("models", help="list the published checkpoints by key")
+    models.add_argument(
+        "--pin",
+        nargs="+",
+        metavar="KEY",
+        default=None,
+        help="pin these keys (or 'all') to their Hub repositories' current commits (needs the Hub)",
+    )
 
     generate = commands.add_parser(
         "generate", help="decode a prompt with a model folder, a published key or a Hub id"
@@ -216,11 +223,21 @@ def _bench(args) -> int:
 
 
 def _models(args) -> int:
-    from setdlm.zoo import PUBLISHED
+    from setdlm.zoo import PUBLISHED, REVISIONS_FILE, pin_revisions
 
+    if args.pin:
+        keys = list(PUBLISHED) if args.pin == ["all"] else args.pin
+        for key, commit in pin_revisions(keys).items():
+            print(f"{key:22s} pinned to {commit}")
+        print(f"wrote {REVISIONS_FILE}; commit it so that every run loads these weights")
+        return 0
     for spec in PUBLISHED.values():
         extra = f"  ({spec.note})" if spec.note else ""
-        print(f"{spec.key:22s} {spec.hub_id:42s} {spec.family:7s} L={spec.length}{extra}")
+        revision = spec.revision[:12] if spec.revision else "unpinned"
+        print(
+            f"{spec.key:22s} {spec.hub_id:42s} {spec.family:7s} L={spec.length:<5d} "
+            f"{revision}{extra}"
+        )
     return 0
 
 

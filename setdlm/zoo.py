@@ -11,6 +11,7 @@ an alias of ``smax2N``.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,11 @@ from setdlm.hub import hub_offline
 from setdlm.paths import DataNotFoundError
 
 ORG = "kuleshov-group"
+# The Hub commit each published checkpoint is pinned to, by key (written by
+# ``setdlm models --pin``, which needs a machine that reaches the Hub; an unpinned key loads
+# the repository's main branch, and the commit it resolved to is recorded with every result).
+REVISIONS_FILE = Path(__file__).with_name("published_revisions.json")
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
 # What each task's checkpoints were trained with (SPEC 4): model length, tokenizer, mask token,
 # the MDLM decoding block of the paper's scripts, and whether chunks start with a kept BOS.
 TASKS = {
@@ -73,6 +79,17 @@ class PublishedModel:
     revision: str | None = None  # pinned Hub commit; None where it is not known
     loadable: bool = True
     note: str = ""
+
+
+def pinned_revisions() -> dict[str, str]:
+    """key -> pinned Hub commit, from ``REVISIONS_FILE`` (checked: 40 hex digits each)."""
+    if not REVISIONS_FILE.exists():
+        return {}
+    pins = json.loads(REVISIONS_FILE.read_text())
+    bad = {key: value for key, value in pins.items() if not COMMIT.match(str(value))}
+    if bad:
+        raise ValueError(f"{REVISIONS_FILE}: not 40-hex-digit commits: {bad}")
+    return pins
 
 
 def _published() -> dict[str, PublishedModel]:
@@ -132,13 +149,34 @@ def _published() -> dict[str, PublishedModel]:
                 fht_cache_order=task == "gsm8k",
                 **common,
             )
-    return models
+    pins = pinned_revisions()
+    unknown = sorted(set(pins) - set(models))
+    if unknown:
+        raise ValueError(f"{REVISIONS_FILE}: unknown keys {unknown}")
+    return {key: dataclasses.replace(m, revision=pins.get(key)) for key, m in models.items()}
 
 
 class Loaded(NamedTuple):
     model: Any  # a Family, in eval mode
     spec: PublishedModel | None  # the table entry, None for a folder or an unknown Hub id
     folder: Path  # where the checkpoint files are (tokenizer files too, when shipped)
+
+    @property
+    def revision(self) -> str | None:
+        """The Hub commit the files are a snapshot of (None for a folder outside a Hub cache)."""
+        return snapshot_commit(self.folder)
+
+    def source(self, name: str) -> str:
+        """``name`` as a result identity records it: with the resolved commit for a Hub model,
+        so that weights that moved on the Hub give a new identity, never a reused result."""
+        return f"{name}@{self.revision}" if self.revision else name
+
+
+def snapshot_commit(folder: Path) -> str | None:
+    folder = Path(folder)
+    if folder.parent.name == "snapshots" and COMMIT.match(folder.name):
+        return folder.name
+    return None
 
 
 PUBLISHED = _published()
@@ -177,7 +215,14 @@ def load_pretrained(name: str, revision: str | None = None) -> Loaded:
     if spec is not None and not spec.loadable:
         raise CheckpointError(f"{spec.key} ({spec.hub_id}): {spec.note}")
     repo_id = spec.hub_id if spec else name
-    folder = Path(_download(repo_id, revision or (spec.revision if spec else None)))
+    pinned = revision or (spec.revision if spec else None)
+    folder = Path(_download(repo_id, pinned))
+    resolved = snapshot_commit(folder)
+    if pinned and COMMIT.match(pinned) and resolved and resolved != pinned:
+        raise CheckpointError(
+            f"{repo_id}: pinned to commit {pinned}, but the files are commit {resolved}; "
+            "the weights moved: re-pin deliberately (setdlm models --pin) or pass revision="
+        )
     model = load_model(folder)
     if spec is not None:
         model = apply_published_settings(model, spec)
@@ -210,10 +255,46 @@ def _download(repo_id: str, revision: str | None) -> str:
         return snapshot_download(repo_id, revision=revision, allow_patterns=patterns)
     except (HFValidationError, HfHubHTTPError, LocalEntryNotFoundError) as error:
         where = "not in the local cache and the Hub is offline" if hub_offline() else str(error)
+        if revision and hub_offline():
+            cached = _cached_main(repo_id)
+            held = f"; the cache holds {cached} as main" if cached else ""
+            where = f"pinned revision {revision} is not in the local cache{held}"
         raise CheckpointError(
             f"{repo_id}: cannot get it from the Hugging Face Hub ({where.splitlines()[0]}); "
             "give a model folder instead"
         ) from None
+
+
+def _cached_main(repo_id: str) -> str | None:
+    """The commit the local Hub cache records as ``repo_id``'s main branch, if any."""
+    from huggingface_hub import constants
+
+    ref = Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}" / "refs" / "main"
+    return ref.read_text().strip() if ref.exists() else None
+
+
+def pin_revisions(keys: list[str]) -> dict[str, str]:
+    """Pin ``keys`` to their Hub repositories' current main commits in ``REVISIONS_FILE``.
+
+    Needs the Hub; returns the new pins. Existing pins of other keys are kept.
+    """
+    from huggingface_hub import HfApi
+
+    from setdlm.checkpoints import CheckpointError
+    from setdlm.files import atomic_write_json
+
+    specs = []
+    for key in keys:
+        spec = resolve(key)
+        if spec is None:
+            raise CheckpointError(f"{key!r} is not a published key (see `setdlm models`)")
+        specs.append(spec)
+    if hub_offline():
+        raise CheckpointError("pinning reads the Hub's current commits; the Hub is offline here")
+    pins = pinned_revisions()
+    new = {spec.key: HfApi().model_info(spec.hub_id).sha for spec in specs}
+    atomic_write_json(REVISIONS_FILE, dict(sorted({**pins, **new}.items())))
+    return new
 
 
 def apply_published_settings(model, spec: PublishedModel):

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import shutil
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from setdlm import zoo
 from setdlm.checkpoints import CheckpointError, load_model
 from setdlm.core.decoding import DecodeConfig
 from setdlm.zoo import PUBLISHED, load_pretrained, resolve
@@ -31,11 +34,13 @@ def test_the_table_covers_every_task_and_family():
     assert resolve("nothing:here") is None
 
 
-def _hub_cache(tmp_path, monkeypatch, repo_id: str, source) -> None:
+MAIN_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _hub_cache(tmp_path, monkeypatch, repo_id: str, source, commit: str = MAIN_COMMIT) -> None:
     """A Hugging Face cache holding ``source`` as the main revision of ``repo_id``."""
     cache = tmp_path / "hub"
     repo = cache / f"models--{repo_id.replace('/', '--')}"
-    commit = "0123456789abcdef0123456789abcdef01234567"
     shutil.copytree(source, repo / "snapshots" / commit)
     (repo / "refs").mkdir(parents=True)
     (repo / "refs" / "main").write_text(commit)
@@ -64,6 +69,45 @@ def test_loading_by_key_fetches_from_the_hub_and_applies_the_table(
     config = DecodeConfig(max_new_tokens=8, window=spec.window, confidence_threshold=0.5)
     assert model.generate(prompt, config).output_ids == direct.generate(prompt, config).output_ids
     assert torch.equal(by_id.backbone.model.lm_head.weight, direct.backbone.model.lm_head.weight)
+
+
+def test_a_pinned_revision_loads_that_commit_and_a_moved_one_is_an_error(
+    parity_dir, tmp_path, monkeypatch
+):
+    fixture = parity_dir / "mdlm-qwen3"
+    repo_id = "kuleshov-group/gsm8k-mdlm"
+    _hub_cache(tmp_path, monkeypatch, repo_id, fixture)
+    loaded = load_pretrained("gsm8k:mdlm")
+    assert loaded.revision == MAIN_COMMIT  # unpinned: main, and the commit is recorded
+    assert loaded.source("gsm8k:mdlm") == f"gsm8k:mdlm@{MAIN_COMMIT}"
+    assert load_pretrained("gsm8k:mdlm", revision=MAIN_COMMIT).revision == MAIN_COMMIT
+    # the pin names a commit the cache does not hold (main moved on): refused, with both commits
+    pinned = "fedcba9876543210fedcba9876543210fedcba98"
+    spec = dataclasses.replace(PUBLISHED["gsm8k:mdlm"], revision=pinned)
+    monkeypatch.setitem(zoo.PUBLISHED, "gsm8k:mdlm", spec)
+    with pytest.raises(CheckpointError, match=f"pinned revision {pinned}.*holds {MAIN_COMMIT}"):
+        load_pretrained("gsm8k:mdlm")
+    # a folder outside a Hub cache has no commit; its source is its name
+    assert load_pretrained(str(fixture)).source("x") == "x"
+
+
+def test_pins_are_read_from_the_revisions_file_and_checked(tmp_path, monkeypatch):
+    pins = tmp_path / "published_revisions.json"
+    monkeypatch.setattr(zoo, "REVISIONS_FILE", pins)
+    assert zoo.pinned_revisions() == {}
+    commit = "ab" * 20
+    pins.write_text(json.dumps({"gsm8k:ar": commit}))
+    assert zoo._published()["gsm8k:ar"].revision == commit
+    assert zoo._published()["gsm8k:mdlm"].revision is None
+    pins.write_text(json.dumps({"gsm8k:ar": "main"}))
+    with pytest.raises(ValueError, match="not 40-hex-digit commits"):
+        zoo.pinned_revisions()
+    pins.write_text(json.dumps({"gsm8k:nothing": commit}))
+    with pytest.raises(ValueError, match="unknown keys"):
+        zoo._published()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(CheckpointError, match="offline"):
+        zoo.pin_revisions(["gsm8k:ar"])
 
 
 def test_unloadable_and_unknown_names_fail_clearly(tmp_path):

@@ -236,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             batch_size=args.batch_size,
             limit=args.limit,
-            model_source=args.model,
+            model_source=loaded.source(args.model),
         )
         print(json.dumps(metrics["quality"], indent=1))
         return 0
@@ -333,7 +333,9 @@ def _run_point(args, loaded, tokenizer, threshold: float, out: Path, settings) -
         decode = decode.replace(window=args.window)
     if args.block_size:
         decode = decode.replace(block_size=args.block_size)
-    metrics = run_evaluation(task, model, tokenizer, decode, out, settings, model_source=args.model)
+    metrics = run_evaluation(
+        task, model, tokenizer, decode, out, settings, model_source=loaded.source(args.model)
+    )
     if getattr(args, "paper_throughput", 0):  # the tasks with a paper speed protocol
         from setdlm.eval.throughput import paper_throughput
 
@@ -398,5 +400,5 @@ def _run_unconditional(args, loaded, tokenizer, base: DecodeConfig, out: Path, s
         decode,
         out,
         settings,
-        model_source=args.model,
+        model_source=loaded.source(args.model),
     )

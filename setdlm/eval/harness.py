@@ -128,7 +128,7 @@ class SetDLMHarnessLM(LM):
         loaded = load_pretrained(str(pretrained), revision)
         self.model = loaded.model.to(self._device).eval()
         self.tokenizer = load_tokenizer(tokenizer) if tokenizer else load_tokenizer_for(loaded)
-        self.source = str(pretrained)
+        self.source = loaded.source(str(pretrained))
         spec, family = loaded.spec, self.model.config.family
         # Unset knobs take the published checkpoint's paper setting, else the family default.
         self.base_decode = DecodeConfig(
