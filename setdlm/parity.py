@@ -50,7 +50,11 @@ class Check:
 
     def line(self) -> str:
         verdict = "PASS" if self.passed else "FAIL"
-        note = f"  [{self.note}]" if self.note else ""
+        over = ""
+        if not self.passed and 0 < self.tolerance < math.inf > self.max_difference:
+            over = f"{self.max_difference / self.tolerance:.3g}x the tolerance"
+        notes = [text for text in (over, self.note) if text]
+        note = f"  [{'; '.join(notes)}]" if notes else ""
         return (
             f"{self.case:20s} {self.quantity:64s} max diff {self.max_difference:9.3g}  "
             f"tol {self.tolerance:8.2g}  {verdict}{note}"
@@ -61,13 +65,17 @@ NOISE_FACTOR = 4
 
 
 def _tolerance(nominal: float, float32_error: float | None, strict: bool) -> tuple[float, str]:
-    """The nominal tolerance widened by our own float32 rounding error."""
-    if strict or float32_error is None:
+    """The nominal tolerance widened by our own float32 rounding error (strict: nominal, and
+    the note says what the widened tolerance would be)."""
+    if float32_error is None:
         return nominal, ""
+    widened = nominal + NOISE_FACTOR * float32_error
+    if strict:
+        return nominal, f"ours vs float64 {float32_error:.2g}, widened tol {widened:.2g}"
     note = ""
     if NOISE_FACTOR * float32_error > 0.1 * nominal:
         note = f"+ float32 noise: ours vs float64 {float32_error:.2g}"
-    return nominal + NOISE_FACTOR * float32_error, note
+    return widened, note
 
 
 def fixture_cases(root: Path) -> list[Path]:
