@@ -97,6 +97,7 @@ class BlockCachePolicy(OrderPolicy):
             cache_only=False,
             per_step=tokens_per_step(self.block, self.config.num_steps),
             finished_end=None,  # end slot of a block the last forward finished
+            predicted=0,  # the row's forwards with predictions, at the last observe
         )
 
     def prefill(self, row: RowState) -> RowInputs | None:
@@ -137,7 +138,9 @@ class BlockCachePolicy(OrderPolicy):
         state = row.policy
         if state.sending_pending:
             state.pending = []
-        if state.cache_only:
+        # the prompt-cache and cache-only forwards predict nothing: they are not sampler steps
+        predicted, state.predicted = row.steps > state.predicted, row.steps
+        if not predicted:
             return
         state.step += 1
         block = state.blocks[state.current]

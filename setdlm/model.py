@@ -115,11 +115,12 @@ class SlidingWindowPolicy(OrderPolicy):
                 times = self._sample_hitting_times(len(row.generated), row.generator)
             hitting = dict(zip(row.generated, times, strict=True))
         row.policy = SimpleNamespace(
-            pending=[],  # committed at the previous step, not cached yet
+            pending=[],  # committed (or promoted) at the previous step, not cached yet
             leftmost=0,  # index into row.generated of the leftmost mask
             step=0,
             per_step=tokens_per_step(len(row.generated), self.config.num_steps),
             hitting=hitting,
+            flagged=set(),  # visible or committed slots in the cache, or promoted to it
         )
 
     def _sample_hitting_times(self, count: int, generator) -> list[float]:
@@ -138,10 +139,15 @@ class SlidingWindowPolicy(OrderPolicy):
         return times
 
     def prefill(self, row: RowState) -> RowInputs | None:
-        """Cache every visible token (prompt, or both infilling contexts) causally in order."""
+        """Cache the visible tokens causally in order: the prompt, or, when infilling, both
+        contexts (``infill_cache="full"``) or the left one only (``"prefix"``)."""
         mask_id = self.family.config.mask_token_id
-        context = [s for s in range(row.prompt_length) if row.tokens[s] != mask_id]
+        end = row.prompt_length
+        if row.infill and self.config.infill_cache == "prefix":
+            end = row.generated[0]
+        context = [s for s in range(end) if row.tokens[s] != mask_id]
         context = context[-self.family.config.length :]
+        row.policy.flagged.update(context)
         if not context:
             return None
         return RowInputs(context, masks.causal_mask(len(context)), len(context))
@@ -171,11 +177,39 @@ class SlidingWindowPolicy(OrderPolicy):
 
     def observe(self, row: RowState, committed: list[int]) -> None:
         state = row.policy
-        state.step += 1
+        # sampler steps are the forwards that predicted (the prompt-cache forward comes here too)
+        state.step = row.steps
+        cached_now = state.pending  # fed as clean inputs to this forward, so now in the cache
+        state.flagged.update(cached_now)
         if state.hitting is None:
             state.pending = sorted(committed)
         else:  # as in training, ties within a set are broken by first-hitting time
             state.pending = sorted(committed, key=lambda s: (-state.hitting[s], s))
+        if row.infill and self.config.infill_cache == "prefix":
+            self._promote(row, cached_now + committed)
+
+    def _promote(self, row: RowState, passed: list[int]) -> None:
+        """Prefix-only infilling (the official ``l2r`` promotion): once decoding has committed
+        or cached a position, every visible token left of it that is not cached yet joins the
+        next forward's clean inputs (in position order, with the commits) and so the cache. The
+        right context after the last masked span is never passed, so it is never seen."""
+        mask_id = self.family.config.mask_token_id
+        state = row.policy
+        if not passed or all(row.tokens[s] != mask_id for s in row.generated):
+            return
+        frontier = max(row.positions[s] for s in passed)
+        waiting = set(state.pending)
+        promoted = [
+            s
+            for s in range(len(row.tokens))
+            if row.positions[s] <= frontier
+            and row.tokens[s] != mask_id
+            and s not in state.flagged
+            and s not in waiting
+        ]
+        if promoted:
+            state.flagged.update(promoted)
+            state.pending = sorted(state.pending + promoted, key=lambda s: row.positions[s])
 
     def official_stop_check(self, row: RowState) -> StopCheck:
         """The official sampler runs its stopping criteria after step i when i % W == 0 and

@@ -225,9 +225,12 @@ def decode_config_from_official(
         "predict_and_noise"
     ):
         raise ValueError("only the predict_and_noise sampler without first_hitting is supported")
-    infill = passed.get("cache_full_infill_context")
-    if family == "setdlm" and infill is False and run.get("infill"):
-        raise ValueError("SetDLM infilling is implemented with the full-context cache only")
+    prefix_only = passed.get("cache_full_infill_context") is False
+    promotion = passed.get("setdlm_infill_cache_promotion_order", "l2r")
+    if family == "setdlm" and prefix_only and promotion != "l2r":
+        raise ValueError(
+            f"SetDLM prefix-only infilling is reproduced with l2r promotion only, not {promotion!r}"
+        )
     config = DecodeConfig(
         max_new_tokens=int(run["max_new_tokens"]),
         confidence_threshold=float(passed.get("confidence_threshold", 1e6)),
@@ -235,6 +238,7 @@ def decode_config_from_official(
         block_size=passed.get("block_size") if family in ("mdlm", "bd3lm") else None,
         window=passed.get("max_window_size"),
         fht_cache_order=bool(overrides.get("setdlm_fht_cache_order", False)),
+        infill_cache="prefix" if prefix_only else "full",
         fused_block_cache=passed.get("fused_block_cache") in (None, True),
         do_sample=bool(passed.get("do_sample", False)),
         top_p=float(passed.get("nucleus_p", 1.0)),

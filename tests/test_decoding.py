@@ -203,3 +203,28 @@ def test_official_stop_cadence_checks_where_the_official_does(family):
     else:
         block = 8 if family == "mdlm" else 4
         assert (6 + kept) % block == 0  # the canvas is cut at a block end
+
+
+@pytest.mark.parametrize("family", ["mdlm", "bd3lm", "setdlm"])
+@pytest.mark.parametrize("fused", [True, False])
+def test_fewer_steps_than_tokens_follow_the_linear_schedule(family, fused):
+    """num_steps = half the tokens: each sampler step commits 2 at τ = 1e6, counted from the
+    first decoding forward (the prompt-cache forward is not a step)."""
+    model = tiny_model(family)
+    prompt = [prompts(1, lengths=(8,))[0]]
+    block = {"mdlm": 8, "bd3lm": 4, "setdlm": None}[family]
+    steps = 12 if family == "setdlm" else block // 2  # per generation / per block
+    config = _config(
+        family,
+        max_new_tokens=24,
+        confidence_threshold=1e6,
+        num_steps=steps,
+        block_size=block,
+        fused_block_cache=fused,
+    )
+    output = model.generate(prompt, config)
+    assert output.num_generated == [24] and output.parallelism == [2.0]
+    assert output.row_steps == [12]
+    prefill = family != "mdlm"  # SetDLM caches the prompt; BD3LM its whole blocks [0, 8)
+    cache_only = 0 if fused or family != "bd3lm" else 24 // 4 - 1  # finished blocks but the last
+    assert output.nfe == 12 + prefill + cache_only

@@ -46,6 +46,28 @@ def test_setdlm_infilling_sees_the_right_context():
     assert first != second
 
 
+def test_prefix_only_infilling_never_sees_the_right_context_but_promotes_gaps():
+    """infill_cache="prefix" (the official cache_full_infill_context=false, l2r promotion):
+    the prompt cache holds the left context only; a visible gap between two masked spans
+    enters the cache once decoding passes it; the text after the last span is never seen."""
+    model = tiny_model("setdlm")
+    left, gap, right = prompts(3, lengths=(6, 4, 6), seed=5)
+    config = DecodeConfig(infill_cache="prefix")
+
+    def fill(right_context, gap_tokens=gap[1:]):
+        source = left + [MASK] * 4 + gap_tokens + [MASK] * 3 + right_context
+        replay = Recomputed(model)
+        output = generate(replay, [source], config)
+        assert replay.max_difference < 1e-4  # the cache (promotions included) is exact
+        return output
+
+    first = fill(right[1:])
+    changed_right = [(t + 7) % 60 + 3 for t in right[1:]]
+    assert fill(changed_right).new_token_ids == first.new_token_ids  # never seen
+    changed_gap = [(t + 11) % 60 + 3 for t in gap[1:]]
+    assert fill(right[1:], changed_gap).new_token_ids != first.new_token_ids  # promoted, seen
+
+
 class _WidthProbe(Recomputed):
     def __init__(self, family):
         super().__init__(family)

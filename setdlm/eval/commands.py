@@ -103,6 +103,13 @@ def add_parsers(commands) -> None:
     infill.add_argument("--variant", choices=("infill-1", "infill-3"), default="infill-1")
     infill.add_argument("--repetition", choices=("paper", "script_default"), default="paper")
     infill.add_argument(
+        "--infill-cache",
+        choices=("full", "prefix"),
+        default="full",
+        help="SetDLM: cache both contexts first (the paper's setting) or the left one only, "
+        "gaps between spans promoted as decoding passes them (the official default)",
+    )
+    infill.add_argument(
         "--skip-too-long",
         action="store_true",
         help="skip stories longer than the model (counted) instead of failing",
@@ -310,7 +317,7 @@ def _run_point(args, loaded, tokenizer, threshold: float, out: Path, settings) -
                 too_long="skip" if args.skip_too_long else "error",
             )
         )
-        decode = infill_decode_config(source, base)
+        decode = infill_decode_config(source, base.replace(infill_cache=args.infill_cache))
     elif args.task == "arithmetic":
         from setdlm.eval.arithmetic_task import (
             ArithmeticSettings,

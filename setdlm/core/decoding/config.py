@@ -24,6 +24,12 @@ class DecodeConfig:
     block_size: int | None = None
     # SetDLM sliding-window width W; None = the schedule's d (the paper's setting).
     window: int | None = None
+    # SetDLM infilling: cache both contexts before decoding ("full", the paper's setting, the
+    # official cache_full_infill_context=true), or the left one only ("prefix", the official
+    # default): visible tokens between masked spans then enter the cache once decoding has
+    # passed them (the official l2r promotion), and the right context after the last span is
+    # never seen.
+    infill_cache: Literal["full", "prefix"] = "full"
     # SetDLM: tokens committed in one step enter the cache in a sampled first-hitting order.
     fht_cache_order: bool = False
     # BD3LM: cache a finished block inside the next block's first forward (saves one NFE).
@@ -62,6 +68,8 @@ class DecodeConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {value}")
+        if self.infill_cache not in ("full", "prefix"):
+            raise ValueError(f"infill_cache must be 'full' or 'prefix', got {self.infill_cache!r}")
         if self.stop_cadence not in ("exact", "official"):
             raise ValueError(
                 f"stop_cadence must be 'exact' or 'official', got {self.stop_cadence!r}"
