@@ -42,7 +42,7 @@ def config_from_official(config: dict, folder: Path) -> ModelConfig:
         raise CheckpointError(f"{source}: architectures {architectures} name no known family")
     backbone = config["backbone_config"]
     target = backbone.get("_target_", "")
-    if target.endswith("DIT"):
+    if target.endswith(("DIT", "DITLegacy")):
         from setdlm.core.backbones.dit import DiTConfig
 
         kind, typed = "dit", DiTConfig.from_official(backbone)
@@ -67,10 +67,18 @@ def config_from_official(config: dict, folder: Path) -> ModelConfig:
         backbone_kind=kind,
         backbone=dataclasses.asdict(typed),
         block_size=int(config["block_size"]) if family == "bd3lm" else None,
-        schedule=_schedule_from_official(config.get("noise_config"), source),
+        schedule=_schedule_from_official(config.get("noise_config"), source)
+        or _default_linear(family),
         keep_clean_bos=bool(config.get("keep_clean_bos") or False),
         train_on_context=bool(config.get("train_on_context") or False),
     )
+
+
+def _default_linear(family: str) -> LinearSchedule | None:
+    """The schedule of an MDLM/BD3LM config saved without one: the official loader attaches
+    a LinearNoise to the legacy (mdlm/bd3lms) checkpoints instead of saving it (one block over
+    the model length for MDLM, which is the plain schedule)."""
+    return LinearSchedule() if family in ("mdlm", "bd3lm") else None
 
 
 def _schedule_from_official(noise: dict | None, source: str):

@@ -89,6 +89,20 @@ def _main(argv: list[str]) -> int:
         "--strict", action="store_true", help="nominal tolerances only (no float32 noise allowance)"
     )
 
+    legacy = commands.add_parser(
+        "import-legacy",
+        help="turn an OWT AR/MDLM Lightning .ckpt (mdlm/bd3lms codebase) into a model folder, "
+        "running none of the code its pickle names",
+    )
+    legacy.add_argument("checkpoint", type=Path, help="the .ckpt file")
+    legacy.add_argument("--family", choices=("ar", "mdlm"), required=True)
+    legacy.add_argument("--out", type=Path, required=True, help="model folder to write")
+    legacy.add_argument("--heads", type=int, default=None, help="attention heads (default 12)")
+    legacy.add_argument("--length", type=int, default=None, help="model length (default 1024)")
+    legacy.add_argument(
+        "--raw-weights", action="store_true", help="the training weights, not the EMA ones"
+    )
+
     models = commands.add_parser("models", help="list the published checkpoints by key")
     models.add_argument(
         "--pin",
@@ -176,6 +190,24 @@ def _tiny(args) -> int:
     except Preempted as stop:
         print(f"setdlm tiny: {stop}", file=sys.stderr, flush=True)
         return EXIT_PREEMPTED
+    return 0
+
+
+def _import_legacy(args) -> int:
+    from setdlm.checkpoints import save_model
+    from setdlm.legacy import load_lightning
+
+    model = load_lightning(
+        args.checkpoint,
+        args.family,
+        use_ema=not args.raw_weights,
+        n_heads=args.heads,
+        length=args.length,
+    )
+    folder = save_model(model, args.out)
+    parameters = sum(p.numel() for p in model.parameters())
+    weights = "raw" if args.raw_weights else "EMA"
+    print(f"{folder}: {args.family} DiT, {parameters:,} parameters ({weights} weights)")
     return 0
 
 
@@ -343,6 +375,7 @@ COMMANDS = {
     "parity": _parity,
     "bench": _bench,
     "models": _models,
+    "import-legacy": _import_legacy,
     "generate": _generate,
 }
 

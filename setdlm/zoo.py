@@ -101,16 +101,17 @@ def _published() -> dict[str, PublishedModel]:
             tokenizer=settings["tokenizer"],
             mask_token=settings["mask_token"],
         )
-        legacy = task == "owt"  # OWT AR and MDLM come from another codebase (Lightning .ckpt)
+        # OWT AR and MDLM come from the mdlm/bd3lms codebase (a DITLegacy backbone: our DiT's
+        # modules and names; the official runs it under bf16 autocast, we in float32)
+        legacy = task == "owt"
         note = (
-            "legacy Lightning checkpoint (DITLegacy backbone); not loadable yet" if legacy else ""
+            "legacy DiT (DITLegacy); float32 here, bf16 autocast in the official" if legacy else ""
         )
         models[f"{task}:ar"] = PublishedModel(
             key=f"{task}:ar",
             hub_id=f"{ORG}/{task}-ar",
             family="ar",
             keep_clean_bos=False,
-            loadable=not legacy,
             note=note,
             **common,
         )
@@ -120,7 +121,6 @@ def _published() -> dict[str, PublishedModel]:
             family="mdlm",
             keep_clean_bos=settings["keep_clean_bos"],
             mdlm_block=settings["mdlm_block"],
-            loadable=not legacy,
             note=note,
             **common,
         )

@@ -89,8 +89,8 @@ def test_config_and_state_dict_names_match_official(parity_dir, name):
 
 
 def test_from_official_rejects_other_backbones():
-    with pytest.raises(ValueError, match="not a DIT"):
-        DiTConfig.from_official({"_target_": "backbone_dit_legacy.DITLegacy"})
+    with pytest.raises(ValueError, match="not a DIT or DITLegacy"):
+        DiTConfig.from_official({"_target_": "backbone_other.UNet"})
 
 
 # ----------------------------------------------------------------- logits parity

@@ -246,7 +246,16 @@ def test_plan_points_commands_and_hashes(data_dir):
     assert all(more.points[k].config_hash == p.config_hash for k, p in plan.points.items())
 
 
-def test_paper_plan_skips_unloadable_checkpoints_with_a_warning(data_dir):
+def test_paper_plan_skips_unloadable_checkpoints_with_a_warning(data_dir, monkeypatch):
+    from setdlm.workflow import plan as plan_module
+
+    published = plan_module.load_published()
+    published["checkpoints"]["owt:ar"] = {
+        **published["checkpoints"]["owt:ar"],
+        "loadable": False,
+        "note": "a test marks it unloadable",
+    }
+    monkeypatch.setattr(plan_module, "load_published", lambda: published)
     warnings = []
     plan = build(_paper(), {"SETDLM_DATA_DIR": str(data_dir)}, log=warnings.append)
     assert len([k for k in plan.points if k[0] == "gsm8k"]) == 2 + 6 * 10

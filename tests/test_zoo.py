@@ -29,7 +29,7 @@ def test_the_table_covers_every_task_and_family():
     assert resolve("gsm8k:setdlm-d8") is gsm8k  # dN is an alias of smax2N
     assert resolve("cnndm:setdlm-smax32").hub_id == "kuleshov-group/cnndm-setdlm-smax32"
     assert resolve("kuleshov-group/lm1b-bd3lm-s8").block_size == 8
-    assert resolve("owt:ar").loadable is False and "legacy" in resolve("owt:ar").note
+    assert resolve("owt:ar").loadable and "DITLegacy" in resolve("owt:ar").note
     assert resolve("lm1b:mdlm").mask_token == "[MASK]"
     assert resolve("nothing:here") is None
 
@@ -110,8 +110,10 @@ def test_pins_are_read_from_the_revisions_file_and_checked(tmp_path, monkeypatch
         zoo.pin_revisions(["gsm8k:ar"])
 
 
-def test_unloadable_and_unknown_names_fail_clearly(tmp_path):
-    with pytest.raises(CheckpointError, match="legacy Lightning"):
+def test_unloadable_and_unknown_names_fail_clearly(tmp_path, monkeypatch):
+    spec = dataclasses.replace(PUBLISHED["owt:mdlm"], loadable=False, note="withdrawn")
+    monkeypatch.setitem(zoo.PUBLISHED, "owt:mdlm", spec)
+    with pytest.raises(CheckpointError, match="withdrawn"):
         load_pretrained("owt:mdlm")
     with pytest.raises(ValueError, match="not a folder, a known key"):
         load_pretrained("gsm8k-setdlm")

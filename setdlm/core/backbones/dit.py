@@ -61,7 +61,11 @@ class DiTConfig:
 
     @classmethod
     def from_official(cls, backbone_config: dict[str, Any]) -> DiTConfig:
-        """Read an official ``backbone_config`` dict (``_target_: ...dit.DIT``).
+        """Read an official ``backbone_config`` dict (``_target_: ...dit.DIT``, or
+        ``...dit_legacy.DITLegacy``, the backbone of the OWT AR and MDLM checkpoints from the
+        mdlm/bd3lms codebase: the same modules, parameter names and operations; it only runs
+        its blocks and output layer under bf16 autocast, which we do not reproduce, so our
+        logits are float32 and the official ones carry bf16 rounding).
 
         Ignored keys: ``attn_backend`` (sdpa, flex and flash compute the same attention),
         ``block_size`` (unused by DIT's forward), ``tie_word_embeddings`` (DIT keeps a separate
@@ -69,8 +73,8 @@ class DiTConfig:
         are loaded by the caller).
         """
         target = backbone_config.get("_target_", "DIT")
-        if target.rsplit(".", 1)[-1] != "DIT":
-            raise ValueError(f"not a DIT backbone config: _target_={target!r}")
+        if target.rsplit(".", 1)[-1] not in ("DIT", "DITLegacy"):
+            raise ValueError(f"not a DIT or DITLegacy backbone config: _target_={target!r}")
         if backbone_config.get("is_esolm_backbone", False):
             raise ValueError("EsoLM DIT backbones are not supported")
         known = {f.name for f in fields(cls)}
