@@ -48,7 +48,7 @@ def test_nucleus_keeps_the_smallest_set_reaching_p():
 
 
 def test_confidence_rule_takes_top_k_plus_everything_above_threshold():
-    confidence = torch.tensor([0.2, 0.9, 0.5, 0.7])
+    confidence = [0.2, 0.9, 0.5, 0.7]
     assert select_by_confidence(confidence, None, 1, 1e6) == [1]
     assert select_by_confidence(confidence, None, 2, 1e6) == [1, 3]
     assert select_by_confidence(confidence, None, 1, 0.5) == [1, 2, 3]

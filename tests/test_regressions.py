@@ -110,7 +110,7 @@ def tau_ignored(monkeypatch):
 
     original = engine.select_by_confidence
     monkeypatch.setattr(
-        engine, "select_by_confidence", lambda c, d, k, t: original(c, d, k, math.inf)
+        engine, "select_by_confidence", lambda c, d, k, t, **kw: original(c, d, k, math.inf, **kw)
     )
 
 
@@ -119,7 +119,7 @@ def confidence_inverted(monkeypatch):
     from setdlm.core.decoding import engine
 
     original = engine.select_by_confidence
-    inverted = lambda c, d, k, t: original(-c, d, k, -t)  # noqa: E731
+    inverted = lambda c, d, k, t, **kw: original([-v for v in c], d, k, -t, **kw)  # noqa: E731
     monkeypatch.setattr(engine, "select_by_confidence", inverted)
 
 

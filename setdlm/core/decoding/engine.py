@@ -21,6 +21,7 @@ cache length and generator.
 
 from __future__ import annotations
 
+import math
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -332,28 +333,31 @@ def _decode_targets(family, policy, rows, plans, logits, config) -> list[list[in
         n = counts[row.index]
         if not n:
             continue
-        for i in _chosen_targets(inputs, confidence[row.index, :n], config.confidence_threshold):
+        values = confidence_rows[row.index][:n]
+        for i in _chosen_targets(inputs, values, config.confidence_threshold, confidence):
             slot = inputs.targets[i][1]
             row.tokens[slot] = token_rows[row.index][i]
-            row.confidence[slot] = confidence_rows[row.index][i]
+            row.confidence[slot] = values[i]
             committed[row.index].append(slot)
             row.committed += 1
         row.steps += 1
     return committed
 
 
-def _chosen_targets(inputs: RowInputs, confidence: torch.Tensor, threshold: float) -> list[int]:
-    """Indices of the targets to commit; confidence: (n,), one per target."""
+def _chosen_targets(inputs: RowInputs, values: list[float], threshold: float, like) -> list[int]:
+    """Indices of the targets to commit; values: one confidence per target, computed in
+    ``like``'s dtype on its device."""
+    options = {"dtype": like.dtype, "device": like.device}
     if inputs.ranked is None:
-        return select_by_confidence(confidence, None, inputs.k, threshold)
+        return select_by_confidence(values, None, inputs.k, threshold, **options)
     target_of = {slot: i for i, (_, slot) in enumerate(inputs.targets)}
     where = [target_of.get(slot, -1) for slot in inputs.ranked]  # row entry -> target or -1
     if len(set(where) - {-1}) != len(inputs.targets):
         raise ValueError("RowInputs.ranked must hold every target slot once")
-    decoded = torch.tensor([i < 0 for i in where], device=confidence.device)
-    placed = torch.tensor([max(i, 0) for i in where], device=confidence.device)
-    row = confidence[placed]  # (R,); decoded entries are overwritten with +inf
-    return sorted(where[j] for j in select_by_confidence(row, decoded, inputs.k, threshold))
+    row = [values[i] if i >= 0 else math.inf for i in where]
+    decoded = [i < 0 for i in where]
+    chosen = select_by_confidence(row, decoded, inputs.k, threshold, **options)
+    return sorted(where[j] for j in chosen)
 
 
 def _apply_processors(logits, policy, rows, plans, config: DecodeConfig, mask_id: int):

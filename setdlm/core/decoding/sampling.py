@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 MASKED_LOGIT = -1e12  # the official value: large enough to vanish in float32 softmax
@@ -72,40 +74,61 @@ def choose_tokens(
 
 
 def select_by_confidence(
-    confidence: torch.Tensor, decoded: torch.Tensor | None, k: int, threshold: float
+    confidence: list[float],
+    decoded: list[bool] | None,
+    k: int,
+    threshold: float,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
 ) -> list[int]:
     """Which entries of one ranked row to commit: the ``k`` most confident undecoded ones plus
     every undecoded one whose confidence is at least ``threshold``. Returns indices, in order.
 
-    confidence: (R,) in the dtype the probabilities were computed in; decoded: (R,) bool, the
-    row's entries that are already decoded (None: none). The row is the one the official
-    sampler ranks: for MDLM and BD3LM the whole current block (decoded slots included), for
-    SetDLM the masked slots of the window, in position order.
+    confidence: the row's values (exact Python floats of the ``dtype`` they were computed in);
+    decoded: the row's entries that are already decoded (None: none). The row is the one the
+    official sampler ranks: for MDLM and BD3LM the whole current block (decoded slots
+    included), for SetDLM the masked slots of the window, in position order.
 
     The official rule (``MDLM._generate_unconditional``, "always decode the most confident
-    token"), reproduced step by step because it decides the commits whenever confidences tie,
+    token"), followed step by step because it decides the commits whenever confidences tie,
     which they do once they saturate at 1.0:
     1. decoded entries get confidence +inf;
     2. ``argsort`` ascending with torch's default sort (not the stable one), on the row's own
        device and dtype; the last (#decoded + k) entries are kept, all of them when that is the
        whole row. On CPU torch sorts rows of at most 16 values stably, so among equal
        confidences the **later** position is kept; longer rows (and CUDA) order equal values as
-       that sort does, which is why we call the same sort on the same values rather than a
-       rule of our own;
-    3. the threshold is tested afterwards and independently of the ranking, on the probability
-       in its own dtype (τ = 0.9 compared with bf16 confidences is bf16's 0.8984375, as there).
+       that sort does, which is why ties are settled by calling the same sort on the same
+       values rather than by a rule of our own. Without a tie at the boundary of the k kept,
+       every sort keeps the same entries, so that case is settled without one (fast);
+    3. the threshold is tested afterwards and independently of the ranking, on the confidence
+       in its dtype: torch compares a bf16 confidence with τ rounded to bf16 (0.9 becomes
+       0.8984375), a float32 one with τ rounded to float32.
     """
-    row = confidence.clone()
-    if decoded is not None:
-        row[decoded] = torch.inf
-    undecoded = torch.ones_like(row, dtype=torch.bool) if decoded is None else ~decoded
-    keep = int((~undecoded).sum()) + k
-    order = row[None].argsort(dim=-1)[0]  # (R,) ascending
-    chosen = torch.zeros_like(undecoded)
-    chosen[order[max(0, len(order) - keep) :]] = True
-    chosen |= row >= threshold
-    chosen &= undecoded
-    return chosen.nonzero().flatten().tolist()
+    open_entries = [i for i in range(len(confidence)) if decoded is None or not decoded[i]]
+    if k >= len(open_entries):
+        return open_entries
+    ranked = sorted(open_entries, key=confidence.__getitem__, reverse=True)
+    if confidence[ranked[k - 1]] != confidence[ranked[k]]:
+        chosen = set(ranked[:k])
+    else:  # a tie at the boundary: torch's sort decides, as in the official sampler
+        row = torch.tensor(confidence, dtype=dtype, device=device)
+        if decoded is not None:
+            row[torch.tensor(decoded, device=device)] = torch.inf
+        kept = row[None].argsort(dim=-1)[0][
+            len(confidence) - (len(confidence) - len(open_entries) + k) :
+        ]
+        chosen = set(kept.tolist()) - (
+            set() if decoded is None else {i for i, d in enumerate(decoded) if d}
+        )
+    bar = _in_dtype(threshold, dtype)
+    chosen.update(i for i in open_entries if confidence[i] >= bar)
+    return sorted(chosen)
+
+
+@functools.lru_cache(maxsize=64)
+def _in_dtype(value: float, dtype: torch.dtype) -> float:
+    """``value`` rounded to ``dtype``, as torch rounds a Python scalar compared with a tensor."""
+    return torch.tensor(value, dtype=dtype).item()
 
 
 def tokens_per_step(num_tokens: int, num_steps: int | None) -> list[int]:
