@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from setdlm.core.family import Family, ModelConfig
 from setdlm.core.schedules import LinearSchedule, StaggeredSchedule
 from setdlm.errors import UserError
-from setdlm.files import atomic_write_json, fsync_dir
+from setdlm.files import atomic_write_json, fsync_dir, sha256_file
 
 MODEL_FORMAT = "setdlm-model/1"
 OFFICIAL_ARCHITECTURES = {"AR": "ar", "MDLM": "mdlm", "BD3LM": "bd3lm", "SetDLM": "setdlm"}
@@ -114,7 +114,32 @@ def load_official(folder: str | Path, **overrides) -> Family:
         config = dataclasses.replace(config, **overrides)
     model = build_model(config)
     load_state(model, read_weights(folder), str(folder))
+    model.weights_sha256 = weights_sha256(folder)  # nothing recorded to check it against
     return model.eval()
+
+
+def weights_file(folder: Path) -> Path:
+    """The folder's weights file: model.safetensors, else pytorch_model.bin."""
+    folder = Path(folder)
+    path = folder / "model.safetensors"
+    return path if path.exists() else folder / "pytorch_model.bin"
+
+
+_HASHED: dict[tuple, str] = {}
+
+
+def weights_sha256(folder: Path) -> str:
+    """sha256 of the folder's weights file, streamed once per process (for the same file: path,
+    inode, size, modification and change times); a result's identity holds it, so new weights
+    give a new result, never a reused one."""
+    path = weights_file(folder)
+    if not path.exists():
+        raise CheckpointError(f"{folder}: no model.safetensors or pytorch_model.bin")
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+    if key not in _HASHED:
+        _HASHED[key] = sha256_file(path)
+    return _HASHED[key]
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -199,8 +224,10 @@ def save_model(model: Family, folder: str | Path) -> Path:
     # the same weights must make the same bytes.
     metadata = {"format": f"{MODEL_FORMAT};family={model.config.family}"}
     save_file(state, staging / "model.safetensors", metadata=metadata)
+    weights_sha256 = sha256_file(staging / "model.safetensors")
     atomic_write_json(
-        staging / "config.json", {"format": MODEL_FORMAT, "model": model.config.to_dict()}
+        staging / "config.json",
+        {"format": MODEL_FORMAT, "model": model.config.to_dict(), "weights_sha256": weights_sha256},
     )
     fsync_dir(staging)
     previous = folder.with_name(f".{folder.name}.old-{os.getpid()}")
@@ -238,6 +265,15 @@ def load_model(folder: str | Path) -> Family:
             f"{config_path}: family {model_config.family!r}, but {folder / 'model.safetensors'} "
             f"holds the weights of a {weights_family} model"
         )
+    recorded = config.get("weights_sha256")  # None: saved before hashes were recorded
+    actual = weights_sha256(folder)
+    if recorded is not None and actual != recorded:
+        raise CheckpointError(
+            f"{weights_file(folder)}: sha256 {actual[:16]}... does not match the "
+            f"{recorded[:16]}... recorded in {config_path} (a corrupted, truncated or replaced "
+            "weights file); retrain or restore the folder"
+        )
     model = build_model(model_config)
     load_state(model, read_weights(folder), str(folder))
+    model.weights_sha256 = actual
     return model.eval()

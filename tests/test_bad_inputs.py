@@ -278,7 +278,7 @@ CASES = [
     Bad(
         "model-truncated-weights",
         "generate {models}/truncated --prompt hi",
-        ("model.safetensors", "not a readable safetensors"),
+        ("model.safetensors", "truncated or replaced weights file"),
     ),
     Bad("model-unknown-config-key", "generate {models}/unknown-key --prompt hi", ("colour",)),
     Bad("model-unknown-zoo-key", "generate gsm8k:setdlm-smax999 --prompt hi", ("setdlm-smax999",)),

@@ -52,6 +52,9 @@ def test_missing_unexpected_and_misshaped_tensors_are_listed_together(tmp_path):
     state["backbone.extra"] = torch.zeros(1)
     state["backbone.vocab_embed.embedding"] = torch.zeros(3, 3)
     save_file(state, folder / "model.safetensors")
+    config = json.loads((folder / "config.json").read_text())
+    del config["weights_sha256"]  # a folder written before hashes were recorded
+    (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError) as error:
         load_model(folder)
     message = str(error.value)
@@ -86,3 +89,28 @@ def test_the_same_weights_make_the_same_bytes_and_carry_their_family(tmp_path):
     swapped.write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="holds the weights of a setdlm model"):
         load_model(tmp_path / "copy-0")
+
+
+def test_flipped_bytes_in_the_weights_are_refused_and_the_hash_is_in_every_identity(tmp_path):
+    """A few flipped bytes still make a readable safetensors file with wrong weights: the sha256
+    recorded at save time refuses it. The hash is part of a result's identity, so retrained
+    weights never reuse samples decoded with the old ones."""
+    from setdlm.eval.runner import generation_identity
+
+    model = tiny_model("mdlm")
+    folder = save_model(model, tmp_path / "model")
+    recorded = json.loads((folder / "config.json").read_text())["weights_sha256"]
+    loaded = load_model(folder)
+    assert loaded.weights_sha256 == recorded
+    identity = generation_identity("t", {}, loaded, "m", DecodeConfig(), 0)
+    assert identity["weights_sha256"] == recorded
+    path = folder / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-8:] = bytes(b ^ 0xFF for b in data[-8:])  # inside the last tensor's values
+    path.write_bytes(bytes(data))
+    assert load_file(path)  # still a readable file
+    with pytest.raises(CheckpointError, match="does not match the .* recorded in"):
+        load_model(folder)
+    retrained = save_model(tiny_model("mdlm", seed=1), tmp_path / "model")
+    other = generation_identity("t", {}, load_model(retrained), "m", DecodeConfig(), 0)
+    assert other["weights_sha256"] != recorded and other["model_source"] == "m"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -71,8 +72,15 @@ def _write_point(run: Path, outputs: list[list[int]], seconds: float, job: str) 
     (folder / "metrics.json").write_text(json.dumps(metrics))
     models = run / "models" / "ar"
     models.mkdir(parents=True)
-    (models / "checkpoint.json").write_text(json.dumps({"files": {"model.safetensors": "aa"}}))
+    _write_weights(models, b"the same weights")
     return folder
+
+
+def _write_weights(models: Path, data: bytes) -> None:
+    """A model file and the marker that records its sha256, as setdlm train writes them."""
+    (models / "model.safetensors").write_bytes(data)
+    recorded = {"model.safetensors": hashlib.sha256(data).hexdigest()}
+    (models / "checkpoint.json").write_text(json.dumps({"files": recorded}))
 
 
 def test_compare_ignores_how_a_run_went_and_reports_what_it_computed(tmp_path, capsys):
@@ -86,14 +94,19 @@ def test_compare_ignores_how_a_run_went_and_reports_what_it_computed(tmp_path, c
     lines = (folder / "samples.jsonl").read_text().splitlines()
     changed = json.loads(lines[1]) | {"output_ids": [4]}
     (folder / "samples.jsonl").write_text(lines[0] + "\n" + json.dumps(changed) + "\n")
-    marker = cluster / "models" / "ar" / "checkpoint.json"
-    marker.write_text(json.dumps({"files": {"model.safetensors": "bb"}}))
+    _write_weights(cluster / "models" / "ar", b"other weights")
     compared, differences = compare_runs(local, cluster)
     assert differences == [
         "gsm8k/ar/tau-1e+06: sample 1 differs in ['output_ids']",
         "models/ar: files differ: ['model.safetensors']",
     ]
     assert main([str(local), str(cluster)]) == 1
+    # a file truncated after its marker was written is not "identical", even to a twin marker
+    _write_weights(cluster / "models" / "ar", b"the same weights")
+    (cluster / "models" / "ar" / "model.safetensors").write_bytes(b"the same")
+    model_lines = [d for d in compare_runs(local, cluster)[1] if d.startswith("models/")]
+    assert "no longer match the sha256 in checkpoint.json" in model_lines[0]
+    assert model_lines[1] == "models/ar: files differ: ['model.safetensors']"
 
     shutil.rmtree(folder)
     assert compare_runs(local, cluster)[1][0] == f"gsm8k/ar/tau-1e+06: only in {local}"

@@ -119,6 +119,9 @@ class Family(nn.Module):
 
         self.config = config
         self.backbone = build_backbone(config.backbone_kind, config.backbone)
+        # sha256 of the weights file the model was loaded from (None: built in memory); part of
+        # every result's identity
+        self.weights_sha256: str | None = None
 
     @property
     def device(self) -> torch.device:

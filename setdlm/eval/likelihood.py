@@ -100,6 +100,7 @@ def run_likelihood(
         "batch_size": batch_size,
         "model_config": model.config.to_dict(),
         "model_source": model_source,
+        "weights_sha256": model.weights_sha256,
     }
     digest = config_hash(identity)
     finished = finished_metrics(out_dir, digest)

@@ -94,6 +94,7 @@ def generation_identity(
         "task_settings": task_settings,
         "model_config": model.config.to_dict(),
         "model_source": model_source,
+        "weights_sha256": model.weights_sha256,
         "decode": decode.to_dict(),
         "seed": seed,
     }

@@ -8,7 +8,8 @@ wherever they ran: on a laptop, through the local executor, or as SLURM jobs. Th
 they hold the same result points with the same configuration hashes, that every sample line
 agrees field by field once what describes the run rather than the result is set aside
 (timings, warm-up flags, batch size, code version, scheduler job), that the quality metrics
-agree, and that the trained models have the same files (sha256). It prints one line per
+agree, and that the trained models have the same files (sha256 of the files on disk, each
+also checked against its run's record). It prints one line per
 difference and exits 1 on any; speed is never compared.
 """
 
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from setdlm.data.jsonl import read_jsonl
 from setdlm.errors import ArgumentParser
+from setdlm.files import sha256_file
 from setdlm.tracking.results import MODELS_FOLDER as MODELS
 from setdlm.tracking.results import TRAINED_MARKER
 
@@ -74,6 +76,8 @@ def compare_points(name: str, left: Path, right: Path) -> list[str]:
 
 
 def compare_models(left: Path, right: Path) -> list[str]:
+    """The trained models' files, hashed as they are on disk (a marker records what was
+    written; a file corrupted or truncated since then must not pass as identical)."""
     differences = []
     markers = {
         path.parent.name: path for path in sorted((left / MODELS).glob(f"*/{TRAINED_MARKER}"))
@@ -83,13 +87,29 @@ def compare_models(left: Path, right: Path) -> list[str]:
         if not other.is_file():
             differences.append(f"models/{model}: trained in {left} only")
             continue
-        files, other_files = (json.loads(p.read_text())["files"] for p in (path, other))
-        if files != other_files:
-            changed = sorted(
-                f for f in files.keys() | other_files.keys() if files.get(f) != other_files.get(f)
-            )
+        hashes = []
+        for marker in (path, other):
+            recorded = json.loads(marker.read_text())["files"]
+            actual = _file_hashes(marker.parent, recorded)
+            damaged = sorted(f for f in recorded if actual.get(f) != recorded[f])
+            if damaged:
+                differences.append(
+                    f"models/{model}: {marker.parent}: {damaged} no longer match the sha256 in "
+                    f"{marker.name} (corrupted, truncated or replaced)"
+                )
+            hashes.append(actual)
+        changed = sorted(
+            f for f in hashes[0].keys() | hashes[1].keys() if hashes[0].get(f) != hashes[1].get(f)
+        )
+        if changed:
             differences.append(f"models/{model}: files differ: {changed}")
     return differences
+
+
+def _file_hashes(folder: Path, recorded: dict) -> dict[str, str | None]:
+    return {
+        name: sha256_file(folder / name) if (folder / name).is_file() else None for name in recorded
+    }
 
 
 def compare_runs(left: Path, right: Path) -> tuple[int, list[str]]:
