@@ -37,4 +37,8 @@ def test_likelihood_run_for_every_family(trained_tiny, tmp_path, family):
     (tmp_path / "one" / "samples.jsonl").write_text("".join(samples[:3]) + samples[3][:10])
     resumed = run_likelihood(model, tokenizer, "wikitext2", tmp_path / "one", limit=6, batch_size=4)
     assert resumed["quality"] == one["quality"]
+    # the batch cut short was recomputed whole, but no id was written twice
+    lines = (tmp_path / "one" / "samples.jsonl").read_text().splitlines()
+    ids = [json.loads(line)["id"] for line in lines]
+    assert sorted(ids) == sorted(set(ids)) and len(ids) == 6
     assert json.loads((tmp_path / "one" / "metrics.json").read_text())["config_hash"]

@@ -111,6 +111,19 @@ def test_a_killed_run_resumes_to_the_same_results(trained_tiny, tmp_path):
     resumed = run_evaluation(Continuation(), model, tokenizer, config, tmp_path / "killed")
     assert resumed["quality"] == straight["quality"]
     assert _outputs(tmp_path / "killed") == _outputs(tmp_path / "straight")
+    # warm-up belongs to the examples, not to the process: the resumed run times the same ones
+    counted = ("timed_examples", "warmup_examples", "generated_tokens", "nfe_mean", "nfe_total")
+    assert {k: resumed["speed"][k] for k in counted} == {k: straight["speed"][k] for k in counted}
+
+
+def test_warm_up_is_the_first_examples_in_a_batch_of_their_own(trained_tiny, tmp_path):
+    model, tokenizer = _load(trained_tiny, "setdlm")
+    settings = RunSettings(batch_size=3, warmup_examples=1)
+    metrics = run_evaluation(Continuation(), model, tokenizer, SAMPLED, tmp_path / "run", settings)
+    records = SampleLog(tmp_path / "run" / "samples.jsonl").load()
+    assert [r["warmup"] for r in records.values()] == [True, False, False, False, False]
+    assert [r["batch_size"] for r in records.values()] == [1, 3, 3, 3, 1]
+    assert metrics["speed"]["timed_examples"] == 4
 
 
 def test_batch_size_does_not_change_results(trained_tiny, tmp_path):
@@ -138,3 +151,20 @@ def test_a_folder_never_mixes_two_configurations(trained_tiny, tmp_path):
 def test_example_seeds_depend_only_on_base_seed_and_id():
     assert example_seed(1, "a") == example_seed(1, "a")
     assert len({example_seed(1, "a"), example_seed(2, "a"), example_seed(1, "b")}) == 3
+
+
+def test_the_log_keeps_the_first_complete_line_of_each_id_and_repairs_the_file(tmp_path):
+    """Two writers on one folder, or a kill mid-batch: repeated ids and torn lines anywhere."""
+    path = tmp_path / "samples.jsonl"
+    lines = [
+        '{"id": "a", "v": 1}',
+        '{"id": "b", "v": 2',  # torn by an interleaved writer
+        '{"id": "a", "v": 9}',  # a second writer's copy
+        "[1, 2]",  # not a record
+        '{"id": "c", "v": 3}',
+    ]
+    path.write_text("\n".join(lines) + '\n{"id": "d"')  # and a torn last line
+    records = SampleLog(path).load()
+    assert {k: r["v"] for k, r in records.items()} == {"a": 1, "c": 3}
+    assert path.read_text() == '{"id": "a", "v": 1}\n{"id": "c", "v": 3}\n'
+    assert SampleLog(path).load() == records  # nothing left to repair

@@ -108,5 +108,15 @@ def test_compare_ignores_how_a_run_went_and_reports_what_it_computed(tmp_path, c
     assert "no longer match the sha256 in checkpoint.json" in model_lines[0]
     assert model_lines[1] == "models/ar: files differ: ['model.safetensors']"
 
+    # compare holds what `setdlm check` holds: a resumed run's NFE or timed count must agree
+    metrics = json.loads((folder / "metrics.json").read_text())
+    metrics["speed"] |= {"nfe_mean": 12.0, "timed_examples": 1}
+    (folder / "metrics.json").write_text(json.dumps(metrics))
+    speed_lines = [d for d in compare_runs(local, cluster)[1] if "speed." in d]
+    assert speed_lines == [
+        "gsm8k/ar/tau-1e+06: metrics.json speed.nfe_mean differs: None vs 12.0",
+        "gsm8k/ar/tau-1e+06: metrics.json speed.timed_examples differs: None vs 1",
+    ]
+
     shutil.rmtree(folder)
     assert compare_runs(local, cluster)[1][0] == f"gsm8k/ar/tau-1e+06: only in {local}"

@@ -53,9 +53,9 @@ def heldout_documents(name: str) -> list[str]:
         return prepared
     instead = f"prepare a copy (`setdlm data prepare --dataset {name}`) or use wikitext2"
     if name == "owt":  # the official valid split: the last 100k training documents
-        return load_hub_dataset(
-            "Skylion007/openwebtext", split="train[-100000:]", instead=instead
-        )["text"]
+        return load_hub_dataset("Skylion007/openwebtext", split="train[-100000:]", instead=instead)[
+            "text"
+        ]
     if name == "lm1b":
         return load_hub_dataset("lm1b", split="test", instead=instead)["text"]
     raise ValueError(f"unknown held-out set {name!r}; choose from {HELDOUT_SETS}")
@@ -121,8 +121,11 @@ def run_likelihood(
         batch = collate([chunks[i] for i in range(start, start + len(batch_ids))])
         generator = torch.Generator().manual_seed(example_seed(seed, batch_ids[0]))
         terms = sequence_terms(model, batch, generator, num_samples, tokenizer)
+        # A batch cut short by a kill is recomputed whole (its randomness is the batch's), and
+        # only the examples not yet in the log are written: no id twice, the same values.
         for example_id, term in zip(batch_ids, terms, strict=True):
-            log.append({"id": example_id, **term, **sample_provenance()})
+            if example_id not in done:
+                log.append({"id": example_id, **term, **sample_provenance()})
         bar.update(sum(i not in done for i in batch_ids))
     bar.close()
     records = log.load()

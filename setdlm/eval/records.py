@@ -1,9 +1,10 @@
 """The result files of an evaluation run.
 
 ``samples.jsonl`` gets one JSON line per finished example, appended, flushed and fsynced, so a
-killed run loses at most the example in flight. Reading it back drops a torn last line (a
-partial write) and truncates the file to its last complete line, so the resumed run appends
-cleanly. ``metrics.json`` is written atomically, and only when every example is present.
+killed run loses at most the example in flight. Reading it back keeps the first complete line
+of each id and rewrites the file without torn, malformed or repeated lines, so the resumed run
+appends cleanly and never writes an id twice. ``metrics.json`` is written atomically, and only
+when every example is present.
 """
 
 from __future__ import annotations
@@ -13,30 +14,41 @@ import json
 import os
 from pathlib import Path
 
+from setdlm.files import atomic_write_bytes
+
 
 class SampleLog:
     def __init__(self, path: str | Path):
         self.path = Path(path)
 
     def load(self) -> dict[str, dict]:
-        """Finished examples by id; a torn last line is removed from the file."""
+        """Finished examples by id: the first complete line of each id.
+
+        A torn line (a process killed mid-write, or two writers interleaved), a line that is
+        not a JSON record with an id, and a repeat of an id already read are dropped, and the
+        file is rewritten (atomically) with the kept lines only, so a resumed run appends to a
+        clean log and never finds an id twice. Every complete line of a finished example is
+        kept, wherever it stands in the file.
+        """
         if not self.path.exists():
             return {}
-        data = self.path.read_bytes()
-        records, good_bytes = {}, 0
-        for line in data.splitlines(keepends=True):
-            if not line.endswith(b"\n"):
-                break  # torn write: the process died in the middle of this line
+        records, kept, dropped = {}, [], False
+        for line in self.path.read_bytes().splitlines(keepends=True):
             try:
+                if not line.endswith(b"\n"):
+                    raise ValueError("torn line")
                 record = json.loads(line)
-            except json.JSONDecodeError:
-                break
-            records[str(record["id"])] = record
-            good_bytes += len(line)
-        if good_bytes < len(data):
-            with open(self.path, "r+b") as handle:
-                handle.truncate(good_bytes)
-                os.fsync(handle.fileno())
+                example_id = str(record["id"])
+            except (ValueError, KeyError, TypeError):
+                dropped = True
+                continue
+            if example_id in records:
+                dropped = True
+                continue
+            records[example_id] = record
+            kept.append(line)
+        if dropped:
+            atomic_write_bytes(self.path, b"".join(kept))
         return records
 
     def append(self, record: dict) -> None:

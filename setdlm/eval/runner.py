@@ -82,7 +82,7 @@ class Task(ABC):
 class RunSettings:
     seed: int = 1234
     batch_size: int = 1
-    warmup_examples: int = 1  # the first examples decoded by each process are not timed
+    warmup_examples: int = 1  # the task's first examples are not timed (scheduled_batches)
 
 
 def generation_identity(
@@ -136,18 +136,14 @@ def run_evaluation(
     pending = [example for example in examples if example.id not in done]
     device = model.device
     reset_peak_memory(device)
-    timed_so_far = 0
+    batches, warm_ids, rewarm = scheduled_batches(examples, pending, settings)
+    if rewarm:
+        _decode(model, batches[0], decode, settings, tokenizer)  # untimed, discarded
     bar = progress_bar(len(examples), f"{task.name} {out_dir.name}", len(examples) - len(pending))
-    for batch in _batches(pending, settings.batch_size):
-        seeds = [example_seed(settings.seed, example.id) for example in batch]
-        budget = batch[0].max_new_tokens
-        config = decode if budget is None else decode.replace(max_new_tokens=budget)
+    for batch in batches:
         with synchronized_timer(device) as elapsed:
-            output = model.generate(
-                [e.input_ids for e in batch], config, seeds=seeds, tokenizer=tokenizer
-            )
-        warmup = timed_so_far < settings.warmup_examples
-        timed_so_far += len(batch)
+            output = _decode(model, batch, decode, settings, tokenizer)
+        warmup = batch[0].id in warm_ids
         for row, example in enumerate(batch):
             text = task.output_text(example, output.new_token_ids[row], tokenizer)
             log.append(
@@ -211,6 +207,30 @@ def finish_run(
     metrics_path = Path(out_dir) / "metrics.json"
     atomic_write_json(metrics_path, metrics)
     return json.loads(metrics_path.read_text())  # what a later call reads back, exactly
+
+
+def scheduled_batches(
+    examples: list, pending: list, settings: RunSettings
+) -> tuple[list[list], set[str], bool]:
+    """The batches still to decode, the warm-up ids, and whether to warm up first.
+
+    Warm-up is a property of the examples: the first ``warmup_examples`` of the task, decoded
+    in batches of their own (untimed), whichever process decodes them. A process that resumes
+    past them has to warm up by decoding its first batch once, untimed and discarded (the
+    same seeds give the same tokens), so that its timed examples, NFE and token counts are
+    those of an undisturbed run.
+    """
+    warm_ids = {example.id for example in examples[: settings.warmup_examples]}
+    warm = list(_batches([e for e in pending if e.id in warm_ids], settings.batch_size))
+    timed = list(_batches([e for e in pending if e.id not in warm_ids], settings.batch_size))
+    return warm + timed, warm_ids, bool(timed) and not warm
+
+
+def _decode(model, batch: list[Example], decode: DecodeConfig, settings: RunSettings, tokenizer):
+    seeds = [example_seed(settings.seed, example.id) for example in batch]
+    budget = batch[0].max_new_tokens
+    config = decode if budget is None else decode.replace(max_new_tokens=budget)
+    return model.generate([e.input_ids for e in batch], config, seeds=seeds, tokenizer=tokenizer)
 
 
 def _batches(examples: list[Example], size: int):

@@ -67,6 +67,7 @@ from setdlm.eval.runner import (
     finish_run,
     finished_metrics,
     generation_identity,
+    scheduled_batches,
 )
 from setdlm.eval.sample_rules import EntropyStop, LowConfidenceStop, Rejection, apply_stop_rules
 from setdlm.eval.timing import (
@@ -324,9 +325,11 @@ def run_unconditional(
     device = model.device
     reset_peak_memory(device)
     bar = progress_bar(len(examples), "unconditional", len(examples) - len(pending), "sample")
-    for start in range(0, len(pending), settings.batch_size):
-        batch = pending[start : start + settings.batch_size]
-        warmup = start < settings.warmup_examples
+    batches, warm_ids, rewarm = scheduled_batches(examples, pending, settings)
+    if rewarm:  # untimed, discarded
+        _generate_with_rejection(model, tokenizer, decode, batches[0], generation, settings)
+    for batch in batches:
+        warmup = batch[0].id in warm_ids
         attempts = _generate_with_rejection(model, tokenizer, decode, batch, generation, settings)
         for example in batch:
             log.append(_record(task, example, attempts[example.id], tokenizer, len(batch), warmup))

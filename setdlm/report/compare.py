@@ -7,10 +7,11 @@ counts, the same relative paths: run them from two working directories) must agr
 wherever they ran: on a laptop, through the local executor, or as SLURM jobs. This checks that
 they hold the same result points with the same configuration hashes, that every sample line
 agrees field by field once what describes the run rather than the result is set aside
-(timings, warm-up flags, batch size, code version, scheduler job), that the quality metrics
-agree, and that the trained models have the same files (sha256 of the files on disk, each
-also checked against its run's record). It prints one line per
-difference and exits 1 on any; speed is never compared.
+(timings, batch size, code version, scheduler job), that the quality metrics and the counted
+speed metrics `setdlm check` holds (NFE, tokens, timed and warm-up examples, ...) agree, and
+that the trained models have the same files (sha256 of the files on disk, each also checked
+against its run's record). It prints one line per difference and exits 1 on any; timed speed
+is never compared.
 """
 
 from __future__ import annotations
@@ -22,13 +23,12 @@ from pathlib import Path
 from setdlm.data.jsonl import read_jsonl
 from setdlm.errors import ArgumentParser
 from setdlm.files import sha256_file
+from setdlm.report.check import EXACT_SPEED
 from setdlm.tracking.results import MODELS_FOLDER as MODELS
 from setdlm.tracking.results import TRAINED_MARKER
 
 # Sample fields that describe how a run went, not what it computed.
-RUN_FIELDS = frozenset(
-    {"seconds", "latency_seconds", "warmup", "batch_size", "code_version", "job_id"}
-)
+RUN_FIELDS = frozenset({"seconds", "latency_seconds", "batch_size", "code_version", "job_id"})
 
 
 def result_folders(run: Path) -> dict[str, Path]:
@@ -62,6 +62,13 @@ def compare_points(name: str, left: Path, right: Path) -> list[str]:
             differences.append(
                 f"{name}: metrics.json {section} differs: {left_metrics.get(section)} vs "
                 f"{right_metrics.get(section)}"
+            )
+    for metric in EXACT_SPEED:  # what `setdlm check` holds exactly on the same numerics
+        left_value = left_metrics.get("speed", {}).get(metric)
+        right_value = right_metrics.get("speed", {}).get(metric)
+        if left_value != right_value:
+            differences.append(
+                f"{name}: metrics.json speed.{metric} differs: {left_value} vs {right_value}"
             )
     left_samples, right_samples = _samples(left), _samples(right)
     if left_samples.keys() != right_samples.keys():
