@@ -613,3 +613,63 @@ def test_a_changed_configuration_supersedes_the_old_run(results, capsys):
     restored = client.get_run(old.info.run_id)
     assert restored.info.lifecycle_stage == "active" and SUPERSEDED_TAG not in restored.data.tags
     assert client.get_run(new.info.run_id).info.lifecycle_stage == "deleted"
+
+
+KILLED_WHILE_CREATING = """
+import os, signal, sys, threading
+from pathlib import Path
+from setdlm.tracking.store import open_client, resolve_store, writer_lock
+if sys.argv[2] == "before-rename":  # the worst moment: the schema is migrated, not in place
+    os.replace = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
+else:  # somewhere inside MLflow's migration
+    threading.Timer(float(sys.argv[2]), lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+store = resolve_store(Path(sys.argv[1]))
+with writer_lock(store):
+    open_client(store)
+print("finished before the kill")
+"""
+
+
+def test_a_sync_killed_while_creating_the_store_leaves_none_half_made(results):
+    """Finding 1 of the fault report: 4 of 23 kills during the first schema migration broke
+    the store for good. Now it is migrated in a temporary file and renamed into place."""
+    (results / "mlflow.db").unlink()
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    for moment in ("before-rename", "0.5", "1.0"):
+        killed = subprocess.run(
+            [sys.executable, "-c", KILLED_WHILE_CREATING, str(results), moment],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if killed.returncode == 0:  # created before the timer fired: a complete store
+            assert "finished before the kill" in killed.stdout
+            (results / "mlflow.db").unlink()
+            continue
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        assert not (results / "mlflow.db").exists()  # never a half-migrated store in place
+    assert list(results.glob(".mlflow.db.creating-*"))  # what the kills left behind
+    assert sync_main([str(results / "runs" / "tiny")]) == 0
+    _assert_one_finished_run_per_point(_client(results), results)
+    assert not list(results.glob(".mlflow.db.creating-*"))  # cleaned by the next creation
+
+
+def test_a_half_migrated_store_is_rebuilt_from_the_results_or_named(results, tmp_path, capsys):
+    import sqlite3
+
+    folder = str(results / "runs" / "tiny")
+    assert sync_main([folder]) == 0
+    given = tmp_path / "given.db"  # a store the user named: reported, never moved
+    shutil.copy(results / "mlflow.db", given)
+    for database in (results / "mlflow.db", given):
+        with contextlib.closing(sqlite3.connect(database)) as db:
+            db.execute("DROP TABLE alembic_version")  # a migration cut before its stamp
+            db.commit()
+    capsys.readouterr()
+    assert sync_main([folder, "--tracking-uri", f"sqlite:///{given}"]) == 1
+    assert "migration was interrupted; move" in capsys.readouterr().err and given.exists()
+    assert sync_main([folder]) == 0
+    assert "rebuilding the store from the result files" in capsys.readouterr().err
+    assert len(list(results.glob("mlflow.db.broken-*"))) == 1  # kept, not deleted
+    _assert_one_finished_run_per_point(_client(results), results)

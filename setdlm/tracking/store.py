@@ -14,12 +14,14 @@ import contextlib
 import fcntl
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from setdlm.errors import UserError
+from setdlm.files import fsync_dir
 from setdlm.tracking.results import ARTIFACTS_FOLDER
 
 DEFAULT_STORE = "mlflow.db"
@@ -47,6 +49,9 @@ class Store:
     # Where new experiments keep their artifacts: beside a local database; None for a server,
     # which decides (its --artifacts-destination).
     artifact_root: str | None
+    # The default SQLite store of a results root: this project's own mirror of the result
+    # files, which it may rebuild from them when it finds it broken.
+    owned: bool = False
 
     @property
     def is_remote(self) -> bool:
@@ -68,7 +73,9 @@ def resolve_store(results_root: Path, tracking_uri: str | None = None) -> Store:
         )
     database = sqlite_path(uri)
     if database is not None:
-        return Store(uri, database.with_name(database.name + ".lock"), _artifact_root(database))
+        lock = database.with_name(database.name + ".lock")
+        owned = uri == sqlite_uri(results_root)
+        return Store(uri, lock, _artifact_root(database), owned)
     # A server (or another backend: postgresql://..., databricks): it keeps the artifacts, and
     # the lock in the results root keeps this machine to one writer.
     return Store(uri.rstrip("/"), results_root / SERVER_LOCK, None)
@@ -128,13 +135,86 @@ def open_client(store: Store):
 
     _quiet_mlflow_logs()  # after the import: importing mlflow sets up its loggers
 
-    client = MlflowClient(tracking_uri=store.uri)
+    if database is not None:
+        _forget_open_store(store.uri)  # open the file as it is now, and check its schema again
+        if not (database.is_file() and database.stat().st_size):
+            _create_database(database)
     try:
-        # Opens the store (creating a SQLite schema) and proves it answers.
+        # Opens the store (checking its schema) and proves it answers.
+        client = MlflowClient(tracking_uri=store.uri)
         client.search_experiments(max_results=1)
     except Exception as error:
-        raise StoreUnavailable(f"cannot use the tracking store {store.uri}: {error}") from error
+        broken = database is not None and half_migrated(database, error)
+        if not (broken and store.owned):
+            advice = ""
+            if broken:
+                advice = (
+                    f" (its schema migration was interrupted; move {database} aside and sync "
+                    "again: the store is rebuilt from the result files)"
+                )
+            raise StoreUnavailable(
+                f"cannot use the tracking store {store.uri}: {error}{advice}"
+            ) from error
+        aside = database.with_name(f"{database.name}.broken-{time.strftime('%Y%m%dT%H%M%S')}")
+        os.replace(database, aside)
+        print(
+            f"{database}: its schema migration was interrupted ({error}); moved it to "
+            f"{aside.name} and rebuilding the store from the result files",
+            file=sys.stderr,
+        )
+        _forget_open_store(store.uri)
+        _create_database(database)
+        client = MlflowClient(tracking_uri=store.uri)
+        client.search_experiments(max_results=1)
     return client
+
+
+def _forget_open_store(uri: str) -> None:
+    """Drop the store and engine MLflow keeps for ``uri`` in this process (it caches both by
+    URI): after the file was replaced or repaired, the next client must open the new file."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.tracking._tracking_service import utils
+
+    engine = SqlAlchemyStore._engine_map.pop(uri, None)
+    if engine is not None:
+        engine.dispose()
+    utils._tracking_store_registry._get_store_with_resolved_uri.cache_clear()
+
+
+def _create_database(database: Path) -> None:
+    """Create and migrate a new SQLite store in a temporary file, then rename it into place: a
+    process killed during MLflow's schema migration (seconds, dozens of steps) leaves no store
+    half-migrated, only a temporary file that the next creation removes. Call under the lock."""
+    from mlflow.tracking import MlflowClient
+
+    for stale in database.parent.glob(f".{database.name}.creating-*"):
+        stale.unlink(missing_ok=True)  # left by a killed creation (we hold the lock)
+    staging = database.with_name(f".{database.name}.creating-{os.getpid()}")
+    staging_uri = f"sqlite:///{staging}"
+    MlflowClient(tracking_uri=staging_uri).search_experiments(max_results=1)  # the schema
+    _forget_open_store(staging_uri)  # no connection left open on the file being renamed
+    os.replace(staging, database)
+    fsync_dir(database.parent)
+
+
+def half_migrated(database: Path, error: BaseException) -> bool:
+    """Whether opening ``database`` failed because a schema migration was cut short: alembic's
+    temporary tables are left, its version table is missing or behind, or the migration
+    tripped over what an earlier, interrupted run of it had already done."""
+    import sqlite3
+
+    text = str(error).lower()
+    signs = ("duplicate column", "already exists", "_alembic_tmp_", "out-of-date database schema")
+    if any(sign in text for sign in signs):
+        return True
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+    except sqlite3.Error:
+        return False
+    return bool(tables) and (
+        "alembic_version" not in tables or any(t.startswith("_alembic_tmp_") for t in tables)
+    )
 
 
 SQLITE_HEADER = b"SQLite format 3\x00"
