@@ -211,8 +211,14 @@ def save_model(model: Family, folder: str | Path) -> Path:
     official checkpoints, so the folder loads the same way whoever wrote it.
     """
     folder = Path(folder)
+    # What a save killed midway leaves beside the folder (weights included): gone now. One
+    # saver per folder at a time is the caller's rule (the workflow's one job per model).
+    for stale in [
+        *folder.parent.glob(f".{folder.name}.tmp-*"),
+        *folder.parent.glob(f".{folder.name}.old-*"),
+    ]:
+        shutil.rmtree(stale, ignore_errors=True)
     staging = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     state = {
         name: tensor.detach().cpu().clone().contiguous()

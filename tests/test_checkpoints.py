@@ -114,3 +114,16 @@ def test_flipped_bytes_in_the_weights_are_refused_and_the_hash_is_in_every_ident
     retrained = save_model(tiny_model("mdlm", seed=1), tmp_path / "model")
     other = generation_identity("t", {}, load_model(retrained), "m", DecodeConfig(), 0)
     assert other["weights_sha256"] != recorded and other["model_source"] == "m"
+
+
+def test_a_save_killed_midway_leaves_nothing_behind_after_the_next_one(tmp_path):
+    """A kill during the final export leaves a staging folder with weights; the next save of
+    that folder removes it (and a half-swapped old folder)."""
+    folder = tmp_path / "model"
+    stale = tmp_path / ".model.tmp-99999"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"half-written weights")
+    (tmp_path / ".model.old-99999").mkdir()
+    save_model(tiny_model("ar"), folder)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    assert load_model(folder).config.family == "ar"
