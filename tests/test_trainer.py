@@ -157,7 +157,7 @@ def test_interrupted_and_resumed_run_is_bitwise_identical(tmp_path, dataset, gra
     assert [row["step"] for row in read_log(resumed.losses_path)] == list(range(1, 9))
 
 
-@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM, signal.SIGINT])
 def test_a_preemption_signal_checkpoints_the_current_step_and_resumes_bitwise(
     tmp_path, dataset, signum
 ):
@@ -167,13 +167,14 @@ def test_a_preemption_signal_checkpoints_the_current_step_and_resumes_bitwise(
 
     preempted = tiny_model()
     preempted.signal_at_call = (5, signum)  # in step 3's first micro-batch
+    before = signal.getsignal(signum)
     with pytest.raises(Preempted) as stop:
         train(preempted, dataset, settings, tmp_path / "preempted", progress=False)
     assert (stop.value.signal_name, stop.value.step) == (signum.name, 3)
     assert preempted.calls == 6  # step 3 was finished, nothing after it was started
     # step 3 is saved although the cadence would have saved only step 2
     assert latest_checkpoint(tmp_path / "preempted" / "checkpoints").name == "step-00000003"
-    assert signal.getsignal(signum) == signal.SIG_DFL  # the handlers are given back
+    assert signal.getsignal(signum) == before  # the handlers are given back
 
     fresh = tiny_model(seed=5)
     train(fresh, dataset, settings, tmp_path / "preempted", progress=False)

@@ -9,7 +9,7 @@ where ``batch`` holds ``input_ids`` (B, L), ``attention_mask`` (B, L) and option
 device) supplies all of the loss's randomness; dropout draws from torch's global RNG. The
 trainer owns both, and the data order, so that a run interrupted after any checkpoint and
 resumed ends with bitwise the same weights as an uninterrupted one (on the same hardware and
-thread count). A preemption signal (SIGUSR1, SIGTERM; see ``preemption``) ends the run after
+thread count). A preemption signal (SIGUSR1, SIGTERM, SIGINT; see ``preemption``) ends the run after
 the step under way with a checkpoint of that step, so a preempted job loses no work.
 
 Devices and processes come from ``accelerate``: one CPU process, one GPU, or DDP under
