@@ -19,6 +19,13 @@ from pathlib import Path
 from setdlm.workflow import datasets, layout
 from setdlm.workflow import plan as workflow_plan
 from setdlm.workflow.config import ConfigError
+from setdlm.workflow.locks import lock_report
+
+# Snakemake's own lock message is the same whether the run holding the lock is alive or was
+# killed; say which, before it refuses to start (nothing is printed when nothing is locked,
+# nor in a job's own process, which runs under the head's lock).
+if workflow.is_main_process and (_lock := lock_report(Path.cwd())) is not None:
+    print(_lock, file=sys.stderr)
 
 
 # The embedded default, unless --configfile (or the profile) names a configuration: loading

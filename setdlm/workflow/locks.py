@@ -1,0 +1,61 @@
+"""Whether the run that locked a working directory is still alive.
+
+Snakemake locks its working directory and, on a second run, says the same thing whether the
+holder is running or was killed: "run --unlock". Unlocking under a live run lets two runs write
+the same result folders. Before Snakemake checks its lock, the Snakefile asks this module and
+says which case it is: a ``snakemake`` process of this machine working in the same directory
+(alive: wait for it), or none (killed: unlocking is safe here).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def lock_files(workdir: Path) -> list[Path]:
+    locks = Path(workdir) / ".snakemake" / "locks"
+    return sorted(locks.glob("*.lock")) if locks.is_dir() else []
+
+
+def snakemake_processes(workdir: Path, exclude: set[int] = frozenset()) -> list[int]:
+    """Pids of this machine's ``snakemake`` processes whose working directory is ``workdir``."""
+    workdir = Path(workdir).resolve()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in exclude:
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            cwd = Path(os.readlink(entry / "cwd"))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        names = [Path(arg.decode(errors="replace")).name for arg in argv[:2]]
+        if "snakemake" in names and cwd == workdir:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def lock_report(workdir: Path) -> str | None:
+    """What to tell the user about a locked ``workdir``; None when it is not locked."""
+    if not lock_files(workdir):
+        return None
+    ancestors, pid = set(), os.getpid()
+    while pid > 1:  # this snakemake process and whatever started it
+        ancestors.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    holders = snakemake_processes(workdir, exclude=ancestors)
+    if holders:
+        return (
+            f"{workdir} is locked by a running snakemake (pid {', '.join(map(str, holders))}): "
+            "wait for it to finish. Do not --unlock: two runs would write the same results."
+        )
+    return (
+        f"{workdir} is locked, but no snakemake process runs there on this machine: the run "
+        "that locked it was killed. `snakemake --unlock` is safe (on a cluster, first check "
+        "that no run of this folder is alive on another node), then run the same command again: "
+        "it resumes where the killed run stopped."
+    )

@@ -1,0 +1,31 @@
+"""Whether the run that locked a working directory is alive, for the lock message."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+from setdlm.workflow.locks import lock_report
+
+
+def test_a_lock_left_by_a_killed_run_and_one_held_by_a_live_run_are_told_apart(tmp_path):
+    assert lock_report(tmp_path) is None  # nothing locked: nothing to say
+    locks = tmp_path / ".snakemake" / "locks"
+    locks.mkdir(parents=True)
+    (locks / "0.input.lock").write_text("results/runs/tiny/config.yaml\n")
+    assert "was killed. `snakemake --unlock` is safe" in lock_report(tmp_path)
+    # a process named snakemake working in that folder (what a live run looks like)
+    live = subprocess.Popen(["bash", "-c", "exec -a snakemake sleep 60"], cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 10
+        while b"snakemake" not in Path(f"/proc/{live.pid}/cmdline").read_bytes():
+            assert time.monotonic() < deadline, "the stand-in process never exec'd"
+            time.sleep(0.01)
+        report = lock_report(tmp_path)
+        assert f"locked by a running snakemake (pid {live.pid})" in report
+        assert "Do not --unlock" in report
+    finally:
+        live.kill()
+        live.wait(timeout=10)
+    assert "was killed" in lock_report(tmp_path)
