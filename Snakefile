@@ -54,6 +54,12 @@ onstart:
 onsuccess:
     print(workflow_plan.where_results_are(PLAN, os.environ))
 
+
+onerror:
+    # A full disk empties the failed job's log too (Snakemake then shows "empty file"): say so.
+    if (_full := workflow_plan.disk_full_report(PLAN)) is not None:
+        print(_full, file=sys.stderr)
+
 RUN = PLAN.run
 CODE_VERSION = workflow_plan.code_version(workflow.basedir)
 # Jobs run the `setdlm` of this installation, the command a user would type by hand.

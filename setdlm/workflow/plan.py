@@ -361,3 +361,25 @@ def save_config(plan: Plan) -> Path:
     if not path.exists() or path.read_text(encoding="utf-8") != text:
         atomic_write_text(path, text)
     return path
+
+
+# Below this much free space a job's write has most likely failed for want of it.
+LOW_DISK_BYTES = 16 * 2**20
+
+
+def disk_full_report(plan: Plan, low: int = LOW_DISK_BYTES) -> str | None:
+    """After a failure: "no space left on <path>" when the run folder's disk is (nearly) full,
+    since the failed job could not even write its log; None otherwise."""
+    import shutil
+
+    folder = Path(plan.run)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    if free >= low:
+        return None
+    return (
+        f"no space left on {folder} ({free / 2**20:.1f} MiB free): the failed job could not "
+        "write its results or its log. Free some space and run the same command again: "
+        "finished results are kept and interrupted ones resume."
+    )

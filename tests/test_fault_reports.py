@@ -1,12 +1,14 @@
-"""Whether the run that locked a working directory is alive, for the lock message."""
+"""What the main job says after a fault: whether a lock's holder is alive, a full disk."""
 
 from __future__ import annotations
 
 import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from setdlm.workflow.locks import lock_report
+from setdlm.workflow.plan import disk_full_report
 
 
 def test_a_lock_left_by_a_killed_run_and_one_held_by_a_live_run_are_told_apart(tmp_path):
@@ -29,3 +31,10 @@ def test_a_lock_left_by_a_killed_run_and_one_held_by_a_live_run_are_told_apart(t
         live.kill()
         live.wait(timeout=10)
     assert "was killed" in lock_report(tmp_path)
+
+
+def test_a_failure_on_a_full_disk_says_no_space_left(tmp_path):
+    plan = SimpleNamespace(run=tmp_path / "results" / "runs" / "tiny")  # not created yet
+    assert disk_full_report(plan) is None  # this disk has room
+    report = disk_full_report(plan, low=2**62)  # every disk is "full" below 4 EiB
+    assert report.startswith(f"no space left on {tmp_path}") and "MiB free" in report
