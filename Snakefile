@@ -46,6 +46,13 @@ except ConfigError as error:
     sys.exit(2)
 
 
+# A result file that cannot be read is an error naming it, then recomputed: moved aside here,
+# so that the job writing it runs again (a missing one is simply missing: its job runs too).
+if workflow.is_main_process:
+    for _message in workflow_plan.set_aside_unreadable(PLAN):
+        print(_message, file=sys.stderr)
+
+
 onstart:
     # <run>/config.yaml, the validated configuration the jobs read (not in a dry run)
     workflow_plan.save_config(PLAN)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from setdlm.workflow.locks import lock_report
-from setdlm.workflow.plan import disk_full_report
+from setdlm.workflow.plan import disk_full_report, set_aside_unreadable
 
 
 def test_a_lock_left_by_a_killed_run_and_one_held_by_a_live_run_are_told_apart(tmp_path):
@@ -38,3 +41,39 @@ def test_a_failure_on_a_full_disk_says_no_space_left(tmp_path):
     assert disk_full_report(plan) is None  # this disk has room
     report = disk_full_report(plan, low=2**62)  # every disk is "full" below 4 EiB
     assert report.startswith(f"no space left on {tmp_path}") and "MiB free" in report
+
+
+def test_an_unreadable_result_is_named_and_set_aside_to_be_recomputed(tmp_path):
+    good, garbage, wrong = (tmp_path / name / "metrics.json" for name in ("a", "b", "c"))
+    marker = tmp_path / "models" / "m" / "checkpoint.json"
+    for path in (good, garbage, wrong, marker):
+        path.parent.mkdir(parents=True)
+    good.write_text('{"quality": {}}')
+    garbage.write_bytes(b"\\x89PNG\\r\\n\\x1a\\n\\xff\\xfe")  # binary garbage: not even UTF-8
+    wrong.write_text("[1, 2]")
+    marker.write_text('{"source": "trained"}')  # no file list
+    plan = SimpleNamespace(
+        all_metrics=lambda: [str(good), str(garbage), str(wrong), str(tmp_path / "d.json")],
+        model_markers=lambda: [str(marker)],
+    )
+    messages = set_aside_unreadable(plan)
+    assert len(messages) == 3 and good.exists()
+    for path in (garbage, wrong, marker):
+        assert not path.exists() and list(path.parent.glob(f"{path.name}.unreadable-*"))
+        assert any(message.startswith(f"{path}: unreadable result") for message in messages)
+    assert "not valid JSON" in next(m for m in messages if m.startswith(str(garbage)))
+    assert set_aside_unreadable(plan) == []  # what is left reads fine (or is missing)
+
+
+def test_the_readers_name_a_binary_garbage_metrics_file(tmp_path):
+    from setdlm.report.results import ResultLayoutError, read_point
+    from setdlm.tracking.results import ResultError, read_result
+
+    folder = tmp_path / "runs" / "tiny" / "gsm8k" / "ar" / "tau-1e+06"
+    folder.mkdir(parents=True)
+    (folder / "metrics.json").write_bytes(b"\x89PNG\xff\xfe")
+    named = re.escape(str(folder / "metrics.json"))
+    with pytest.raises(ResultLayoutError, match=f"{named}: not valid JSON"):
+        read_point(folder, folder / "metrics.json")
+    with pytest.raises(ResultError, match=f"{named}: cannot be read as JSON"):
+        read_result(folder)

@@ -135,7 +135,7 @@ def read_point(folder: Path, metrics_path: Path) -> ResultPoint:
     task, model, point = folder.parts[-3:]
     try:
         metrics = json.loads(metrics_path.read_text())
-    except json.JSONDecodeError as error:
+    except ValueError as error:  # not JSON, or not even UTF-8 text
         raise ResultLayoutError(f"{metrics_path}: not valid JSON ({error})") from None
     if not isinstance(metrics, dict) or not isinstance(metrics.get("quality"), dict):
         raise ResultLayoutError(

@@ -133,7 +133,7 @@ def read_result(folder: Path) -> ResultPoint:
 def _read_json(path: Path) -> dict:
     try:
         value = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
+    except (OSError, ValueError) as error:  # ValueError: not JSON, or not even UTF-8 text
         raise ResultError(f"{path}: cannot be read as JSON ({error})") from error
     if not isinstance(value, dict):
         raise ResultError(f"{path}: expected a JSON object, got {type(value).__name__}")

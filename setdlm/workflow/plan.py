@@ -383,3 +383,33 @@ def disk_full_report(plan: Plan, low: int = LOW_DISK_BYTES) -> str | None:
         "write its results or its log. Free some space and run the same command again: "
         "finished results are kept and interrupted ones resume."
     )
+
+
+def set_aside_unreadable(plan: Plan) -> list[str]:
+    """Move every planned result (metrics.json) or model marker that cannot be read aside, so
+    that the job that writes it runs again (an evaluation resumes from its samples); one
+    message per file, naming it and where it went. The file is kept, never deleted."""
+    import json
+    import time
+
+    wanted = {path: "quality" for path in plan.all_metrics()}
+    wanted |= {path: "files" for path in plan.model_markers()}
+    messages = []
+    for name, key in wanted.items():
+        path = Path(name)
+        if not path.is_file():
+            continue
+        try:
+            value = json.loads(path.read_text())
+            problem = None if isinstance(value, dict) and key in value else f"no {key!r} object"
+        except ValueError as error:  # not JSON, or not even UTF-8 text
+            problem = f"not valid JSON: {error}"
+        if problem is None:
+            continue
+        aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")
+        os.replace(path, aside)
+        messages.append(
+            f"{path}: unreadable result ({problem}); moved to {aside.name}, and the job that "
+            "writes it runs again"
+        )
+    return messages
