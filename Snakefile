@@ -48,8 +48,10 @@ except ConfigError as error:
 
 # A result file that cannot be read is an error naming it, then recomputed: moved aside here,
 # so that the job writing it runs again (a missing one is simply missing: its job runs too).
-if workflow.is_main_process:
+if workflow.is_main_process and not workflow.dryrun:
     for _message in workflow_plan.set_aside_unreadable(PLAN):
+        print(_message, file=sys.stderr)
+    for _message in workflow_plan.rebuild_after_losses(PLAN):
         print(_message, file=sys.stderr)
 
 

@@ -660,3 +660,27 @@ def test_a_killed_run_resumes_without_losing_or_repeating_samples(run_copy, data
         records = read_samples(run / key)
         assert len({r["id"] for r in records}) == len(records) == 12, key
     assert nothing_to_do(snakemake(run_copy, data_dir, "all"))
+
+
+@pytest.mark.slow
+def test_lost_or_unreadable_results_are_recomputed(run_copy, data_dir):
+    """Finding 5 of the fault report: a deleted point folder, metrics.json or model marker and
+    a garbage metrics.json are recomputed (the garbage one named), never "Nothing to be done";
+    the results then equal the undisturbed run's."""
+    run = run_copy / "results" / "runs" / "mini"
+    before = {key: json.loads((run / key / "metrics.json").read_text()) for key in MINI_POINTS}
+    shutil.rmtree(run / MINI_POINTS[0])
+    (run / MINI_POINTS[1] / "metrics.json").unlink()
+    (run / MINI_POINTS[2] / "metrics.json").write_bytes(b"\x89PNG\xff\xfe garbage")
+    (run / "models" / "ar" / "checkpoint.json").unlink()
+    result = snakemake(run_copy, data_dir, "all")
+    output = result.stdout + result.stderr
+    assert f"runs/mini/{MINI_POINTS[2]}/metrics.json: unreadable result" in output
+    assert "result file(s) are missing" in output
+    counts = job_counts(output)
+    assert counts["train_model"] == 1 and counts["evaluate"] >= 3, counts
+    for key in MINI_POINTS:
+        metrics = json.loads((run / key / "metrics.json").read_text())
+        assert metrics["quality"] == before[key]["quality"], key
+        assert metrics["config_hash"] == before[key]["config_hash"], key
+    assert nothing_to_do(snakemake(run_copy, data_dir, "all"))

@@ -413,3 +413,26 @@ def set_aside_unreadable(plan: Plan) -> list[str]:
             "writes it runs again"
         )
     return messages
+
+
+def rebuild_after_losses(plan: Plan) -> list[str]:
+    """When planned results or model markers are missing while outputs built from them exist,
+    remove those outputs (tables, figures, the MLflow sync marker: all rebuilt from the result
+    files), so that the jobs writing the missing files run again.
+
+    Snakemake itself reruns nothing when an intermediate file is gone but the final outputs
+    are present ("Nothing to be done"), which left lost results lost and the tables showing
+    them. Returns one message, or none when nothing was lost.
+    """
+    missing = [p for p in [*plan.all_metrics(), *plan.model_markers()] if not Path(p).is_file()]
+    built = [f for table in plan.tables() for f in plan.table_files(table)]
+    built += [*plan.figure_files(), f"{plan.run}/mlflow.synced"]
+    present = [path for path in built if Path(path).is_file()]
+    if not missing or not present:
+        return []  # nothing lost, or nothing built yet (a first or interrupted run)
+    for path in present:
+        Path(path).unlink()
+    return [
+        f"{len(missing)} result file(s) are missing (e.g. {missing[0]}): computing them again, "
+        f"and the {len(present)} table, figure and MLflow file(s) built from the results"
+    ]
