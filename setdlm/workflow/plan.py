@@ -417,22 +417,42 @@ def set_aside_unreadable(plan: Plan) -> list[str]:
 
 def rebuild_after_losses(plan: Plan) -> list[str]:
     """When planned results or model markers are missing while outputs built from them exist,
-    remove those outputs (tables, figures, the MLflow sync marker: all rebuilt from the result
-    files), so that the jobs writing the missing files run again.
+    remove those outputs (the tables and figures of the tasks concerned, the MLflow sync
+    marker: all rebuilt from the result files), so that the jobs writing the missing files run
+    again.
 
     Snakemake itself reruns nothing when an intermediate file is gone but the final outputs
     are present ("Nothing to be done"), which left lost results lost and the tables showing
     them. Returns one message, or none when nothing was lost.
     """
-    missing = [p for p in [*plan.all_metrics(), *plan.model_markers()] if not Path(p).is_file()]
-    built = [f for table in plan.tables() for f in plan.table_files(table)]
-    built += [*plan.figure_files(), f"{plan.run}/mlflow.synced"]
+    markers = {plan.model_marker(name): name for name in plan.trained}
+    markers |= {plan.model_marker(name, domain): name for name, domain in plan.fetched}
+    lost_models = {name for marker, name in markers.items() if not Path(marker).is_file()}
+    missing = [marker for marker, name in markers.items() if name in lost_models]
+    tasks = set()
+    for (task, model, _), point in plan.points.items():
+        if model in lost_models or not Path(plan.metrics(point)).is_file():
+            tasks.add(task)
+            if model not in lost_models:
+                missing.append(plan.metrics(point))
+    if not missing:
+        return []
+    built = [f"{plan.run}/mlflow.synced"]
+    built += [
+        f for table, of in plan.tables().items() if tasks & set(of) for f in plan.table_files(table)
+    ]
+    built += [
+        f
+        for task in plan.figure_tasks()
+        if task in tasks
+        for f in figure_files(plan.figures_dir, task)
+    ]
     present = [path for path in built if Path(path).is_file()]
-    if not missing or not present:
-        return []  # nothing lost, or nothing built yet (a first or interrupted run)
+    if not present:
+        return []  # nothing built from them yet (a first or an interrupted run)
     for path in present:
         Path(path).unlink()
     return [
         f"{len(missing)} result file(s) are missing (e.g. {missing[0]}): computing them again, "
-        f"and the {len(present)} table, figure and MLflow file(s) built from the results"
+        f"and the {len(present)} table, figure and MLflow file(s) built from them"
     ]
