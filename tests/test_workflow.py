@@ -684,3 +684,54 @@ def test_lost_or_unreadable_results_are_recomputed(run_copy, data_dir):
         assert metrics["quality"] == before[key]["quality"], key
         assert metrics["config_hash"] == before[key]["config_hash"], key
     assert nothing_to_do(snakemake(run_copy, data_dir, "all"))
+
+
+def _tear_samples(folder: Path) -> None:
+    """A kill in the middle of writing a line, after the point's metrics were lost."""
+    samples = folder / "samples.jsonl"
+    lines = samples.read_text().splitlines(keepends=True)
+    samples.write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
+    (folder / "metrics.json").unlink()
+
+
+def _duplicate_samples(folder: Path) -> None:
+    """Two writers on one folder: every line twice, the copies interleaved."""
+    samples = folder / "samples.jsonl"
+    lines = samples.read_text().splitlines(keepends=True)
+    samples.write_text("".join(line + line for line in lines))
+    (folder / "metrics.json").unlink()
+
+
+def _kill_during_export(run: Path) -> None:
+    """A kill while the trained model is exported: a staging folder with weights is left, and
+    the marker (written last) is missing."""
+    staging = run / "models" / ".ar.tmp-424242"
+    shutil.copytree(run / "models" / "ar", staging)
+    (run / "models" / "ar" / "checkpoint.json").unlink()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["torn samples", "duplicated samples", "kill during export"])
+def test_after_a_fault_the_same_command_recovers_the_undisturbed_results(
+    finished_run, run_copy, data_dir, fault
+):
+    """The fault report's recoveries on the workflow itself: inject, rerun the same command,
+    and `setdlm compare` (samples, quality, counted speed, model files) finds the undisturbed
+    run's results; no id is written twice; the next run has nothing to do."""
+    from setdlm.report.compare import compare_runs
+
+    run = run_copy / "results" / "runs" / "mini"
+    if fault == "torn samples":
+        _tear_samples(run / MINI_POINTS[1])
+    elif fault == "duplicated samples":
+        _duplicate_samples(run / MINI_POINTS[3])
+    else:
+        _kill_during_export(run)
+    snakemake(run_copy, data_dir, "all")
+    compared, differences = compare_runs(finished_run / "results" / "runs" / "mini", run)
+    assert compared == len(MINI_POINTS) and differences == []
+    for key in MINI_POINTS:
+        ids = [record["id"] for record in read_samples(run / key)]
+        assert len(ids) == len(set(ids)), key
+    assert not list((run / "models").glob(".*.tmp-*"))
+    assert nothing_to_do(snakemake(run_copy, data_dir, "all"))
