@@ -111,14 +111,6 @@ class OrderPolicy(ABC):
     def observe(self, row: RowState, committed: list[int]) -> None:
         """Called after every forward with the canvas slots committed by predictions."""
 
-    def penalized_tokens(self, row: RowState) -> list[int]:
-        """The tokens the repetition penalty looks at: everything decoded or given
-        (``repetition_context="visible"``), or the generated region's decoded tokens."""
-        mask_id = self.family.config.mask_token_id
-        if self.config.repetition_context == "visible":
-            return [t for t in row.tokens if t != mask_id]
-        return [row.tokens[s] for s in row.generated if row.tokens[s] != mask_id]
-
     def official_stop_check(self, row: RowState) -> StopCheck:
         """When the official sampler runs its stopping criteria (``stop_cadence="official"``),
         called after ``observe``. Default: after every forward, cut exactly at the stop (AR)."""
@@ -254,7 +246,7 @@ def _step(family, policy, rows, plans, cache, forward, config, stop_rule) -> Non
     logits = forward(input_ids.to(device), position_ids.to(device), attend, cache)  # (B, Q, V)
     if cache is not None:
         cache.commit_prefix(num_cached, position_ids)
-    committed = _decode_targets(family, policy, rows, plans, logits, config)
+    committed = _decode_targets(family, rows, plans, logits, config)
     for row, inputs in zip(rows, plans, strict=True):
         if inputs is not None:
             policy.observe(row, committed[row.index])
@@ -308,7 +300,7 @@ def _crop_cache(cache, policy, plans, max_tokens: int) -> None:
     cache.keep_slots(rank >= extra[:, None])
 
 
-def _decode_targets(family, policy, rows, plans, logits, config) -> list[list[int]]:
+def _decode_targets(family, rows, plans, logits, config: DecodeConfig) -> list[list[int]]:
     """Pick tokens for every target and commit the confident ones; returns committed slots."""
     committed: list[list[int]] = [[] for _ in rows]
     counts = [len(p.targets) if p is not None else 0 for p in plans]
@@ -324,7 +316,7 @@ def _decode_targets(family, policy, rows, plans, logits, config) -> list[list[in
         index = torch.tensor([r + [0] * (depth - len(r)) for r in inputs], device=logits.device)
         vocab = logits.shape[-1]
         target_logits = logits.gather(1, index[..., None].expand(-1, -1, vocab))  # (B, D, V)
-    target_logits = _apply_processors(target_logits, policy, rows, plans, config, mask_id)
+    target_logits = _apply_processors(target_logits, rows, plans, config, mask_id)
     probs = nucleus_filter(probabilities(target_logits, mask_id), config.top_p)
     generators = [row.generator for row in rows] if config.do_sample else None
     tokens, confidence = choose_tokens(probs, config.do_sample, generators, counts)
@@ -360,9 +352,14 @@ def _chosen_targets(inputs: RowInputs, values: list[float], threshold: float, li
     return sorted(where[j] for j in chosen)
 
 
-def _apply_processors(logits, policy, rows, plans, config: DecodeConfig, mask_id: int):
+def _apply_processors(logits, rows, plans, config: DecodeConfig, mask_id: int):
     if config.repetition_penalty != 1.0:
-        seen = [policy.penalized_tokens(row) for row in rows]
+        if config.repetition_context == "visible":  # everything decoded or given
+            seen = [[t for t in row.tokens if t != mask_id] for row in rows]
+        else:  # the generated region's decoded tokens
+            seen = [
+                [row.tokens[s] for s in row.generated if row.tokens[s] != mask_id] for row in rows
+            ]
         presence = processors.token_presence(seen, logits.shape[-1], logits.device)
         logits = processors.repetition_penalty(logits, presence, config.repetition_penalty)
     if config.length_penalty is not None:
