@@ -53,9 +53,9 @@ def heldout_documents(name: str) -> list[str]:
         return prepared
     instead = f"prepare a copy (`setdlm data prepare --dataset {name}`) or use wikitext2"
     if name == "owt":  # the official valid split: the last 100k training documents
-        return load_hub_dataset("Skylion007/openwebtext", split="train[-100000:]", instead=instead)[
-            "text"
-        ]
+        return load_hub_dataset(
+            "Skylion007/openwebtext", split="train[-100000:]", instead=instead
+        )["text"]
     if name == "lm1b":
         return load_hub_dataset("lm1b", split="test", instead=instead)["text"]
     raise ValueError(f"unknown held-out set {name!r}; choose from {HELDOUT_SETS}")

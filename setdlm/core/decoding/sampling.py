@@ -114,12 +114,9 @@ def select_by_confidence(
         row = torch.tensor(confidence, dtype=dtype, device=device)
         if decoded is not None:
             row[torch.tensor(decoded, device=device)] = torch.inf
-        kept = row[None].argsort(dim=-1)[0][
-            len(confidence) - (len(confidence) - len(open_entries) + k) :
-        ]
-        chosen = set(kept.tolist()) - (
-            set() if decoded is None else {i for i, d in enumerate(decoded) if d}
-        )
+        # the last #decoded + k of the ascending order: the decoded (+inf) and the k kept
+        kept = row[None].argsort(dim=-1)[0][len(open_entries) - k :].tolist()
+        chosen = set(kept).intersection(open_entries)
     bar = _in_dtype(threshold, dtype)
     chosen.update(i for i in open_entries if confidence[i] >= bar)
     return sorted(chosen)
