@@ -54,3 +54,12 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def move_aside(path: Path, why: str) -> Path:
+    """Rename ``path`` to ``<name>.<why>-<time>`` beside it (kept, never deleted); returns it."""
+    import time
+
+    aside = path.with_name(f"{path.name}.{why}-{time.strftime('%Y%m%dT%H%M%S')}")
+    os.replace(path, aside)
+    return aside

@@ -14,14 +14,13 @@ import contextlib
 import fcntl
 import os
 import sys
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from setdlm.errors import UserError
-from setdlm.files import fsync_dir
+from setdlm.files import fsync_dir, move_aside
 from setdlm.tracking.results import ARTIFACTS_FOLDER
 
 DEFAULT_STORE = "mlflow.db"
@@ -155,8 +154,7 @@ def open_client(store: Store):
             raise StoreUnavailable(
                 f"cannot use the tracking store {store.uri}: {error}{advice}"
             ) from error
-        aside = database.with_name(f"{database.name}.broken-{time.strftime('%Y%m%dT%H%M%S')}")
-        os.replace(database, aside)
+        aside = move_aside(database, "broken")
         print(
             f"{database}: its schema migration was interrupted ({error}); moved it to "
             f"{aside.name} and rebuilding the store from the result files",

@@ -390,7 +390,8 @@ def set_aside_unreadable(plan: Plan) -> list[str]:
     that the job that writes it runs again (an evaluation resumes from its samples); one
     message per file, naming it and where it went. The file is kept, never deleted."""
     import json
-    import time
+
+    from setdlm.files import move_aside
 
     wanted = {path: "quality" for path in plan.all_metrics()}
     wanted |= {path: "files" for path in plan.model_markers()}
@@ -406,8 +407,7 @@ def set_aside_unreadable(plan: Plan) -> list[str]:
             problem = f"not valid JSON: {error}"
         if problem is None:
             continue
-        aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")
-        os.replace(path, aside)
+        aside = move_aside(path, "unreadable")
         messages.append(
             f"{path}: unreadable result ({problem}); moved to {aside.name}, and the job that "
             "writes it runs again"
