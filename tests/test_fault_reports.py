@@ -24,12 +24,17 @@ def test_a_lock_left_by_a_killed_run_and_one_held_by_a_live_run_are_told_apart(t
     live = subprocess.Popen(["bash", "-c", "exec -a snakemake sleep 60"], cwd=tmp_path)
     try:
         deadline = time.monotonic() + 10
-        while b"snakemake" not in Path(f"/proc/{live.pid}/cmdline").read_bytes():
+        # bash's own argv ("bash -c 'exec -a snakemake ...'") already contains the word: wait
+        # until the exec has replaced it, with "snakemake" as argv[0]
+        while not Path(f"/proc/{live.pid}/cmdline").read_bytes().startswith(b"snakemake\0"):
             assert time.monotonic() < deadline, "the stand-in process never exec'd"
             time.sleep(0.01)
         report = lock_report(tmp_path)
         assert f"locked by a running snakemake (pid {live.pid})" in report
         assert "Do not --unlock" in report
+        link = tmp_path.parent / f"{tmp_path.name}-link"  # the same folder by another name
+        link.symlink_to(tmp_path)
+        assert f"(pid {live.pid})" in lock_report(link)
     finally:
         live.kill()
         live.wait(timeout=10)

@@ -20,18 +20,22 @@ def lock_files(workdir: Path) -> list[Path]:
 
 def snakemake_processes(workdir: Path, exclude: set[int] = frozenset()) -> list[int]:
     """Pids of this machine's ``snakemake`` processes whose working directory is ``workdir``."""
-    workdir = Path(workdir).resolve()
+    # The directory is compared by device and inode, not by the path /proc/<pid>/cwd reads
+    # back, so that a folder reached through a symlink or a bind mount is still the same folder.
+    here = os.stat(workdir)
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) in exclude:
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
-            cwd = Path(os.readlink(entry / "cwd"))
+            names = [Path(arg.decode(errors="replace")).name for arg in argv[:2]]
+            if "snakemake" not in names:
+                continue
+            cwd = os.stat(entry / "cwd")
         except OSError:  # gone meanwhile, or not ours to read
             continue
-        names = [Path(arg.decode(errors="replace")).name for arg in argv[:2]]
-        if "snakemake" in names and cwd == workdir:
+        if (cwd.st_dev, cwd.st_ino) == (here.st_dev, here.st_ino):
             found.append(int(entry.name))
     return sorted(found)
 
