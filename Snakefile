@@ -53,6 +53,8 @@ if workflow.is_main_process and not workflow.dryrun:
         print(_message, file=sys.stderr)
     for _message in workflow_plan.rebuild_after_losses(PLAN):
         print(_message, file=sys.stderr)
+    for _message in workflow_plan.resync_lost_store(PLAN, os.environ):
+        print(_message, file=sys.stderr)
 
 
 onstart:

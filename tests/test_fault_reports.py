@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import time
@@ -82,3 +84,99 @@ def test_the_readers_name_a_binary_garbage_metrics_file(tmp_path):
         read_point(folder, folder / "metrics.json")
     with pytest.raises(ResultError, match=f"{named}: cannot be read as JSON"):
         read_result(folder)
+
+
+def test_a_result_whose_samples_no_longer_back_it_is_set_aside(tmp_path):
+    """Samples lost, cut short, torn or written twice under a finished metrics.json: the
+    metrics are moved aside, so that the evaluation resumes from the complete samples."""
+    lines = [json.dumps({"id": str(i), "output": i}) + "\n" for i in range(4)]
+    cases = {
+        "whole": "".join(lines),
+        "missing": None,
+        "short": "".join(lines[:3]),
+        "torn": "".join(lines[:3]) + lines[3][:5],
+        "twice": "".join(lines + lines[:1]),
+    }
+    plan = SimpleNamespace(
+        all_metrics=lambda: [str(tmp_path / name / "metrics.json") for name in cases],
+        model_markers=lambda: [],
+    )
+    for name, samples in cases.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.json").write_text('{"quality": {}, "examples": 4}')
+        if samples is not None:
+            (tmp_path / name / "samples.jsonl").write_text(samples)
+    messages = set_aside_unreadable(plan)
+    assert (tmp_path / "whole" / "metrics.json").exists() and len(messages) == 4
+    problems = {
+        "missing": "samples.jsonl is missing",
+        "short": "samples.jsonl holds 3 of its 4 examples",
+        "torn": "samples.jsonl has torn or repeated lines",
+        "twice": "samples.jsonl has torn or repeated lines",
+    }
+    for name, problem in problems.items():
+        assert not (tmp_path / name / "metrics.json").exists()
+        path = tmp_path / name / "metrics.json"
+        assert any(m.startswith(f"{path}: incomplete result ({problem})") for m in messages)
+    assert (tmp_path / "torn" / "samples.jsonl").read_text().endswith(lines[3][:5])  # untouched
+
+
+def test_a_model_whose_files_changed_after_its_marker_is_set_aside(tmp_path):
+    from setdlm.files import sha256_file
+
+    markers = {}
+    for name in ("kept", "flipped", "truncated", "missing", "touched"):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(bytes(range(256)) * 4)
+        marker = folder / "checkpoint.json"
+        files = {"model.safetensors": sha256_file(folder / "model.safetensors")}
+        marker.write_text(json.dumps({"source": "trained", "files": files}))
+        os.utime(marker, ns=(10**18, 10**18))  # written after the weights
+        markers[name] = marker
+    weights = {name: marker.parent / "model.safetensors" for name, marker in markers.items()}
+    with open(weights["flipped"], "r+b") as handle:  # a few flipped bytes, in place
+        handle.seek(100)
+        handle.write(b"\xff\xff\xff")
+    weights["truncated"].write_bytes(weights["truncated"].read_bytes()[:300])
+    weights["missing"].unlink()
+    later = 2 * 10**18
+    for name in ("flipped", "truncated", "touched"):  # modified after the marker
+        os.utime(weights[name], ns=(later, later))
+    plan = SimpleNamespace(
+        all_metrics=lambda: [], model_markers=lambda: [str(m) for m in markers.values()]
+    )
+    messages = set_aside_unreadable(plan)
+    assert len(messages) == 3  # the same bytes with a new time are the same model
+    for name, problem in {
+        "flipped": "model.safetensors does not match the sha256 recorded in checkpoint.json",
+        "truncated": "model.safetensors does not match the sha256 recorded in checkpoint.json",
+        "missing": "model.safetensors is missing",
+    }.items():
+        assert any(m.startswith(f"{markers[name]}: changed model ({problem})") for m in messages)
+        assert not markers[name].exists()
+    assert markers["kept"].exists() and markers["touched"].exists()
+
+
+def test_a_lost_or_overwritten_mlflow_store_is_synced_again(tmp_path):
+    from setdlm.workflow.plan import resync_lost_store
+
+    run = tmp_path / "results" / "runs" / "tiny"
+    run.mkdir(parents=True)
+    database = tmp_path / "results" / "mlflow.db"
+    plan = SimpleNamespace(run=str(run), tracking_uri=lambda environ: f"sqlite:///{database}")
+    marker = run / "mlflow.synced"
+    assert resync_lost_store(plan, {}) == []  # never synced: the sync runs anyway
+    for state, content in (("gone", None), ("not an SQLite database", b"garbage" * 10)):
+        marker.write_text("synced\n")
+        if content is not None:
+            database.write_bytes(content)
+        assert resync_lost_store(plan, {}) == [
+            f"{database} is {state}: syncing the results into MLflow again"
+        ]
+        assert not marker.exists()
+    database.write_bytes(b"SQLite format 3\x00" + bytes(100))
+    marker.write_text("synced\n")
+    assert resync_lost_store(plan, {}) == [] and marker.exists()
+    server = SimpleNamespace(run=str(run), tracking_uri=lambda environ: "http://127.0.0.1:9")
+    assert resync_lost_store(server, {}) == [] and marker.exists()  # the sync reports a server

@@ -673,3 +673,24 @@ def test_a_half_migrated_store_is_rebuilt_from_the_results_or_named(results, tmp
     assert "rebuilding the store from the result files" in capsys.readouterr().err
     assert len(list(results.glob("mlflow.db.broken-*"))) == 1  # kept, not deleted
     _assert_one_finished_run_per_point(_client(results), results)
+
+
+@pytest.mark.parametrize("damage", ["overwritten", "corrupted pages"])
+def test_a_damaged_default_store_is_rebuilt_from_the_results(results, capsys, damage):
+    """The project's own mlflow.db overwritten with other bytes, or with pages SQLite cannot
+    read: moved aside (kept) and rebuilt from the result files; a named store is only named."""
+    folder = str(results / "runs" / "tiny")
+    assert sync_main([folder]) == 0
+    database = results / "mlflow.db"
+    if damage == "overwritten":
+        database.write_bytes(b"\x89PNG garbage" * 100)
+    else:
+        with open(database, "r+b") as handle:  # the header kept, the first pages zeroed
+            handle.seek(100)
+            handle.write(bytes(8192))
+    capsys.readouterr()
+    assert sync_main([folder]) == 0
+    err = capsys.readouterr().err
+    assert "rebuilding the store from the result files" in err, err
+    assert len(list(results.glob("mlflow.db.broken-*"))) == 1  # kept, not deleted
+    _assert_one_finished_run_per_point(_client(results), results)

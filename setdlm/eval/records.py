@@ -30,9 +30,17 @@ class SampleLog:
         clean log and never finds an id twice. Every complete line of a finished example is
         kept, wherever it stands in the file.
         """
-        if not self.path.exists():
-            return {}
+        records, kept, dropped = self.scan()
+        if dropped:
+            atomic_write_bytes(self.path, b"".join(kept))
+        return records
+
+    def scan(self) -> tuple[dict[str, dict], list[bytes], bool]:
+        """Read without repairing: (the first complete record of each id, their lines, whether
+        any line was dropped as torn, malformed or repeated)."""
         records, kept, dropped = {}, [], False
+        if not self.path.exists():
+            return records, kept, dropped
         for line in self.path.read_bytes().splitlines(keepends=True):
             try:
                 if not line.endswith(b"\n"):
@@ -47,9 +55,7 @@ class SampleLog:
                 continue
             records[example_id] = record
             kept.append(line)
-        if dropped:
-            atomic_write_bytes(self.path, b"".join(kept))
-        return records
+        return records, kept, dropped
 
     def append(self, record: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

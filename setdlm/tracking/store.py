@@ -120,6 +120,9 @@ def open_client(store: Store):
         check_server(store.uri)
     database = sqlite_path(store.uri)
     if database is not None:
+        if store.owned and not_a_database(database):
+            # this project's own store, overwritten with something else: rebuilt, kept aside
+            _rebuild(database, "it is not an SQLite database")
         refuse_non_database(database)
         database.parent.mkdir(parents=True, exist_ok=True)
         kind = filesystem_type(database.parent)
@@ -143,28 +146,34 @@ def open_client(store: Store):
         client = MlflowClient(tracking_uri=store.uri)
         client.search_experiments(max_results=1)
     except Exception as error:
-        broken = database is not None and half_migrated(database, error)
-        if not (broken and store.owned):
+        damage = None if database is None else damaged(database, error)
+        if not (damage and store.owned):
             advice = ""
-            if broken:
+            if damage:
                 advice = (
-                    f" (its schema migration was interrupted; move {database} aside and sync "
-                    "again: the store is rebuilt from the result files)"
+                    f" ({damage}; move {database} aside and sync again: the store is rebuilt "
+                    "from the result files)"
                 )
             raise StoreUnavailable(
                 f"cannot use the tracking store {store.uri}: {error}{advice}"
             ) from error
-        aside = move_aside(database, "broken")
-        print(
-            f"{database}: its schema migration was interrupted ({error}); moved it to "
-            f"{aside.name} and rebuilding the store from the result files",
-            file=sys.stderr,
-        )
+        _rebuild(database, f"{damage} ({error})")
         _forget_open_store(store.uri)
-        _create_database(database)
         client = MlflowClient(tracking_uri=store.uri)
         client.search_experiments(max_results=1)
     return client
+
+
+def _rebuild(database: Path, reason: str) -> None:
+    """Move a broken owned store aside (kept, never deleted) and create a new one, which the
+    sync then fills from the result files. Call under the lock, then forget the open store."""
+    aside = move_aside(database, "broken")
+    print(
+        f"{database}: {reason}; moved it to {aside.name} and rebuilding the store from the "
+        "result files",
+        file=sys.stderr,
+    )
+    _create_database(database)
 
 
 def _forget_open_store(uri: str) -> None:
@@ -195,6 +204,18 @@ def _create_database(database: Path) -> None:
     fsync_dir(database.parent)
 
 
+def damaged(database: Path, error: BaseException) -> str | None:
+    """What is wrong with a store that failed to open, when the file itself is the problem:
+    a schema migration cut short, or pages SQLite cannot read; None otherwise (a lock, a
+    permission, a full disk, ...)."""
+    if half_migrated(database, error):
+        return "its schema migration was interrupted"
+    text = str(error).lower()
+    if any(sign in text for sign in ("malformed", "not a database", "file is encrypted")):
+        return "it is corrupted"
+    return None
+
+
 def half_migrated(database: Path, error: BaseException) -> bool:
     """Whether opening ``database`` failed because a schema migration was cut short: alembic's
     temporary tables are left, its version table is missing or behind, or the migration
@@ -218,18 +239,24 @@ def half_migrated(database: Path, error: BaseException) -> bool:
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 
+def not_a_database(database: Path) -> bool:
+    """Whether ``database`` is a non-empty file that does not start as an SQLite database."""
+    if not (database.is_file() and database.stat().st_size):
+        return False
+    with open(database, "rb") as handle:
+        return handle.read(len(SQLITE_HEADER)) != SQLITE_HEADER
+
+
 def refuse_non_database(database: Path) -> None:
     """SQLite takes a file shorter than its header for an empty database and writes its schema
     over it: a URI that names someone's file would destroy it."""
     if database.is_dir():
         raise StoreUnavailable(f"{database} is a folder, not an SQLite database file")
-    if database.is_file() and database.stat().st_size:
-        with open(database, "rb") as handle:
-            if handle.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
-                raise StoreUnavailable(
-                    f"{database} exists and is not an SQLite database: refusing to write an "
-                    "MLflow store over it (name a new file, or an existing mlflow.db)"
-                )
+    if not_a_database(database):
+        raise StoreUnavailable(
+            f"{database} exists and is not an SQLite database: refusing to write an MLflow "
+            "store over it (name a new file, or an existing mlflow.db)"
+        )
 
 
 def check_server(uri: str, timeout_seconds: float = HEALTH_TIMEOUT_SECONDS) -> None:

@@ -386,9 +386,12 @@ def disk_full_report(plan: Plan, low: int = LOW_DISK_BYTES) -> str | None:
 
 
 def set_aside_unreadable(plan: Plan) -> list[str]:
-    """Move every planned result (metrics.json) or model marker that cannot be read aside, so
-    that the job that writes it runs again (an evaluation resumes from its samples); one
-    message per file, naming it and where it went. The file is kept, never deleted."""
+    """Move every planned result (metrics.json) or model marker aside that cannot be read, or
+    whose files no longer back it (a result's samples lost, cut short, torn or duplicated; a
+    model's files missing or changed since its marker was written), so that the job that
+    writes it runs again (an evaluation resumes from its complete samples, a training from its
+    checkpoints); one message per file, naming it, the problem and where it went. The file is
+    kept, never deleted."""
     import json
 
     from setdlm.files import move_aside
@@ -406,13 +409,75 @@ def set_aside_unreadable(plan: Plan) -> list[str]:
         except ValueError as error:  # not JSON, or not even UTF-8 text
             problem = f"not valid JSON: {error}"
         if problem is None:
-            continue
+            problem = (_incomplete_samples if key == "quality" else _changed_model_files)(
+                path, value
+            )
+            if problem is None:
+                continue
+            kind = "incomplete result" if key == "quality" else "changed model"
+        else:
+            kind = "unreadable result"
         aside = move_aside(path, "unreadable")
         messages.append(
-            f"{path}: unreadable result ({problem}); moved to {aside.name}, and the job that "
-            "writes it runs again"
+            f"{path}: {kind} ({problem}); moved to {aside.name}, and the job that writes it "
+            "runs again"
         )
     return messages
+
+
+def _incomplete_samples(metrics_path: Path, metrics: dict) -> str | None:
+    """Why a result's samples no longer back its metrics (lost, cut short, torn or written
+    twice), or None. The evaluation that runs again keeps every complete sample."""
+    from setdlm.eval.records import SampleLog
+
+    expected = metrics.get("examples")
+    samples = metrics_path.parent / "samples.jsonl"
+    if not isinstance(expected, int):
+        return None  # a result kind that does not count its examples
+    if not samples.is_file():
+        return f"{samples.name} is missing"
+    records, _, dropped = SampleLog(samples).scan()
+    if dropped:
+        return f"{samples.name} has torn or repeated lines"
+    if len(records) != expected:
+        return f"{samples.name} holds {len(records)} of its {expected} examples"
+    return None
+
+
+def _changed_model_files(marker: Path, checkpoint: dict) -> str | None:
+    """Why a model's files no longer match the hashes its marker recorded, or None.
+
+    Only a file missing or modified after the marker was written is hashed, so a run's start
+    stays cheap; a file changed without a new modification time is still refused when an
+    evaluation loads it (the weights' own recorded sha256)."""
+    from setdlm.files import sha256_file
+
+    written = marker.stat().st_mtime_ns
+    folder = Path(checkpoint.get("snapshot") or marker.parent)  # a fetched model's cache copy
+    for name, recorded in (checkpoint.get("files") or {}).items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_mtime_ns > written and sha256_file(path) != recorded:
+            return f"{name} does not match the sha256 recorded in {marker.name}"
+    return None
+
+
+def resync_lost_store(plan: Plan, environ) -> list[str]:
+    """When the local SQLite store the sync marker vouches for is gone, empty or not a
+    database, remove the marker, so that the sync runs again (it creates or rebuilds the store
+    from the result files). A server is not checked here: the sync itself reports it."""
+    from setdlm.tracking.store import not_a_database, sqlite_path
+
+    marker = Path(plan.run) / "mlflow.synced"
+    database = sqlite_path(plan.tracking_uri(environ))
+    if database is None or not marker.is_file():
+        return []
+    if database.is_file() and database.stat().st_size and not not_a_database(database):
+        return []
+    marker.unlink()
+    state = "not an SQLite database" if database.is_file() and database.stat().st_size else "gone"
+    return [f"{database} is {state}: syncing the results into MLflow again"]
 
 
 def rebuild_after_losses(plan: Plan) -> list[str]:
