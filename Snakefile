@@ -19,13 +19,14 @@ from pathlib import Path
 from setdlm.workflow import datasets, layout
 from setdlm.workflow import plan as workflow_plan
 from setdlm.workflow.config import ConfigError
-from setdlm.workflow.locks import lock_report
+from setdlm.workflow.locks import lock_holders, lock_message
 
 # Snakemake's own lock message is the same whether the run holding the lock is alive or was
 # killed; say which, before it refuses to start (nothing is printed when nothing is locked,
 # nor in a job's own process, which runs under the head's lock).
-if workflow.is_main_process and (_lock := lock_report(Path.cwd())) is not None:
-    print(_lock, file=sys.stderr)
+_HOLDERS = lock_holders(Path.cwd()) if workflow.is_main_process else None
+if _HOLDERS is not None:
+    print(lock_message(Path.cwd(), _HOLDERS), file=sys.stderr)
 
 
 # The embedded default, unless --configfile (or the profile) names a configuration: loading
@@ -48,7 +49,9 @@ except ConfigError as error:
 
 # A result file that cannot be read is an error naming it, then recomputed: moved aside here,
 # so that the job writing it runs again (a missing one is simply missing: its job runs too).
-if workflow.is_main_process and not workflow.dryrun:
+# Not while another run is alive in this folder: it owns these files (a killed run's lock does
+# not stop the repairs).
+if workflow.is_main_process and not workflow.dryrun and not _HOLDERS:
     for _message in workflow_plan.set_aside_unreadable(PLAN):
         print(_message, file=sys.stderr)
     for _message in workflow_plan.rebuild_after_losses(PLAN):

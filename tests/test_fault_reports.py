@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -175,8 +177,25 @@ def test_a_lost_or_overwritten_mlflow_store_is_synced_again(tmp_path):
             f"{database} is {state}: syncing the results into MLflow again"
         ]
         assert not marker.exists()
-    database.write_bytes(b"SQLite format 3\x00" + bytes(100))
+    database.unlink()
+    with contextlib.closing(sqlite3.connect(database)) as db:  # a sound store's tables
+        db.execute("CREATE TABLE alembic_version (version_num TEXT)")
+        db.execute("CREATE TABLE runs (run_uuid TEXT)")
+        db.commit()
     marker.write_text("synced\n")
     assert resync_lost_store(plan, {}) == [] and marker.exists()
+    with contextlib.closing(sqlite3.connect(database)) as db:
+        db.execute("DROP TABLE alembic_version")  # a migration cut before its stamp
+        db.commit()
+    assert resync_lost_store(plan, {}) == [
+        f"{database} is half-migrated: syncing the results into MLflow again"
+    ]
+    marker.write_text("synced\n")
+    with open(database, "r+b") as handle:  # the header kept, the schema page overwritten
+        handle.seek(100)
+        handle.write(b"\xff" * 3000)
+    (message,) = resync_lost_store(plan, {})
+    assert message.startswith(f"{database} is corrupted (") and not marker.exists()
+    marker.write_text("synced\n")
     server = SimpleNamespace(run=str(run), tracking_uri=lambda environ: "http://127.0.0.1:9")
     assert resync_lost_store(server, {}) == [] and marker.exists()  # the sync reports a server

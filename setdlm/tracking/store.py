@@ -73,7 +73,8 @@ def resolve_store(results_root: Path, tracking_uri: str | None = None) -> Store:
     database = sqlite_path(uri)
     if database is not None:
         lock = database.with_name(database.name + ".lock")
-        owned = uri == sqlite_uri(results_root)
+        # however the URI spells it (the workflow passes a relative one): the same file
+        owned = database == (results_root / DEFAULT_STORE).resolve()
         return Store(uri, lock, _artifact_root(database), owned)
     # A server (or another backend: postgresql://..., databricks): it keeps the artifacts, and
     # the lock in the results root keeps this machine to one writer.
@@ -167,6 +168,7 @@ def open_client(store: Store):
 def _rebuild(database: Path, reason: str) -> None:
     """Move a broken owned store aside (kept, never deleted) and create a new one, which the
     sync then fills from the result files. Call under the lock, then forget the open store."""
+    _forget_open_store(f"sqlite:///{database}")  # also open here under its absolute name
     aside = move_aside(database, "broken")
     print(
         f"{database}: {reason}; moved it to {aside.name} and rebuilding the store from the "
@@ -231,9 +233,36 @@ def half_migrated(database: Path, error: BaseException) -> bool:
             tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
     except sqlite3.Error:
         return False
+    return _unfinished_schema(tables)
+
+
+def _unfinished_schema(tables: set[str]) -> bool:
+    """Alembic's version stamp missing from a schema that has tables, or its temporary tables
+    left: a migration did not finish."""
     return bool(tables) and (
         "alembic_version" not in tables or any(t.startswith("_alembic_tmp_") for t in tables)
     )
+
+
+def file_problem(database: Path) -> str | None:
+    """What is wrong with an SQLite store file, read with SQLite alone (no MLflow import, so a
+    workflow's start stays quick): "gone", "not an SQLite database", "corrupted (...)" or
+    "half-migrated"; None for a sound file."""
+    import sqlite3
+
+    if not (database.is_file() and database.stat().st_size):
+        return "gone"
+    if not_a_database(database):
+        return "not an SQLite database"
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as db:
+            check = db.execute("PRAGMA quick_check").fetchone()[0]
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+    except sqlite3.Error as error:
+        return f"corrupted ({error})"
+    if check != "ok":
+        return f"corrupted ({check})"
+    return "half-migrated" if _unfinished_schema(tables) else None
 
 
 SQLITE_HEADER = b"SQLite format 3\x00"

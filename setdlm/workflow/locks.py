@@ -40,8 +40,9 @@ def snakemake_processes(workdir: Path, exclude: set[int] = frozenset()) -> list[
     return sorted(found)
 
 
-def lock_report(workdir: Path) -> str | None:
-    """What to tell the user about a locked ``workdir``; None when it is not locked."""
+def lock_holders(workdir: Path) -> list[int] | None:
+    """None when ``workdir`` is not locked; else the pids of the live ``snakemake`` processes
+    working there, other than this one and its parents (none: the holder was killed)."""
     if not lock_files(workdir):
         return None
     ancestors, pid = set(), os.getpid()
@@ -51,7 +52,18 @@ def lock_report(workdir: Path) -> str | None:
             pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             break
-    holders = snakemake_processes(workdir, exclude=ancestors)
+    return snakemake_processes(workdir, exclude=ancestors)
+
+
+def lock_report(workdir: Path) -> str | None:
+    """What to tell the user about a locked ``workdir``; None when it is not locked."""
+    return lock_message(workdir, lock_holders(workdir))
+
+
+def lock_message(workdir: Path, holders: list[int] | None) -> str | None:
+    """The message for ``workdir`` with these ``lock_holders``."""
+    if holders is None:
+        return None
     if holders:
         return (
             f"{workdir} is locked by a running snakemake (pid {', '.join(map(str, holders))}): "

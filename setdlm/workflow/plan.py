@@ -464,20 +464,21 @@ def _changed_model_files(marker: Path, checkpoint: dict) -> str | None:
 
 
 def resync_lost_store(plan: Plan, environ) -> list[str]:
-    """When the local SQLite store the sync marker vouches for is gone, empty or not a
-    database, remove the marker, so that the sync runs again (it creates or rebuilds the store
-    from the result files). A server is not checked here: the sync itself reports it."""
-    from setdlm.tracking.store import not_a_database, sqlite_path
+    """When the local SQLite store the sync marker vouches for is gone, not a database,
+    corrupted or half-migrated, remove the marker, so that the sync runs again (it creates, or
+    rebuilds from the result files, the default store, and names any other). A server is not
+    checked here: the sync itself reports it."""
+    from setdlm.tracking.store import file_problem, sqlite_path
 
     marker = Path(plan.run) / "mlflow.synced"
     database = sqlite_path(plan.tracking_uri(environ))
     if database is None or not marker.is_file():
         return []
-    if database.is_file() and database.stat().st_size and not not_a_database(database):
+    problem = file_problem(database)
+    if problem is None:
         return []
     marker.unlink()
-    state = "not an SQLite database" if database.is_file() and database.stat().st_size else "gone"
-    return [f"{database} is {state}: syncing the results into MLflow again"]
+    return [f"{database} is {problem}: syncing the results into MLflow again"]
 
 
 def rebuild_after_losses(plan: Plan) -> list[str]:
