@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from workflow_env import environ
+from workflow_env import copy_of_run, environ
 
 from setdlm.report.compare import compare_runs
+from setdlm.workflow.locks import parent_pid
 
 pytestmark = pytest.mark.slow
 
@@ -112,12 +113,9 @@ def wait_until(condition, process, what: str, timeout: float = 300):
 
 def descendant(process, subcommand: str) -> int | None:
     """The pid of a ``setdlm <subcommand>`` process started (at any depth) by ``process``."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                stat = (entry / "stat").read_text()
-                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    parents = {
+        int(e.name): parent_pid(int(e.name)) for e in Path("/proc").iterdir() if e.name.isdigit()
+    }
     for pid in sorted(parents):
         ancestor = parents.get(pid)
         while ancestor not in (None, 0, 1, process.pid):
@@ -290,10 +288,7 @@ def undisturbed(tmp_path_factory, data_dir) -> Path:
 
 @pytest.fixture
 def faulted(undisturbed, tmp_path) -> Path:
-    """A private copy of the undisturbed run, metadata and modification times included."""
-    copy = tmp_path / "run"
-    shutil.copytree(undisturbed, copy, symlinks=True)
-    return copy
+    return copy_of_run(undisturbed, tmp_path)
 
 
 # ---------------------------------------------------------------- faults on a finished run

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 from configs import tiny_with_paper_tasks
-from workflow_env import environ
+from workflow_env import copy_of_run, environ
 
 from setdlm.workflow import datasets, layout, points
 from setdlm.workflow.config import (
@@ -535,10 +535,7 @@ def finished_run(tmp_path_factory, data_dir) -> Path:
 
 @pytest.fixture
 def run_copy(finished_run, tmp_path) -> Path:
-    """A private copy of the finished run, metadata and modification times included."""
-    copy_dir = tmp_path / "run"
-    shutil.copytree(finished_run, copy_dir, symlinks=True)
-    return copy_dir
+    return copy_of_run(finished_run, tmp_path)
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 
@@ -19,3 +20,11 @@ def environ(data_dir: Path, **extra: str) -> dict:
     )
     env.pop("MLFLOW_TRACKING_URI", None)  # each test's store is its own
     return env
+
+
+def copy_of_run(workdir: Path, into: Path) -> Path:
+    """A private copy of a workflow's working directory (``into/run``): ``.snakemake``
+    metadata and modification times included, so Snakemake sees the same finished run."""
+    copy = into / "run"
+    shutil.copytree(workdir, copy, symlinks=True)
+    return copy

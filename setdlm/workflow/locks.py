@@ -46,13 +46,19 @@ def lock_holders(workdir: Path) -> list[int] | None:
     if not lock_files(workdir):
         return None
     ancestors, pid = set(), os.getpid()
-    while pid > 1:  # this snakemake process and whatever started it
+    while pid is not None and pid > 1:  # this snakemake process and whatever started it
         ancestors.add(pid)
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            break
+        pid = parent_pid(pid)
     return snakemake_processes(workdir, exclude=ancestors)
+
+
+def parent_pid(pid: int) -> int | None:
+    """The parent of process ``pid`` (from /proc/<pid>/stat); None when it is gone."""
+    try:
+        # the fields after the command name, which is in parentheses: state, ppid, ...
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def lock_report(workdir: Path) -> str | None:

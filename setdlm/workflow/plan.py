@@ -408,15 +408,14 @@ def set_aside_unreadable(plan: Plan) -> list[str]:
             problem = None if isinstance(value, dict) and key in value else f"no {key!r} object"
         except ValueError as error:  # not JSON, or not even UTF-8 text
             problem = f"not valid JSON: {error}"
-        if problem is None:
-            problem = (_incomplete_samples if key == "quality" else _changed_model_files)(
-                path, value
-            )
-            if problem is None:
-                continue
-            kind = "incomplete result" if key == "quality" else "changed model"
-        else:
+        if problem is not None:
             kind = "unreadable result"
+        elif key == "quality":
+            kind, problem = "incomplete result", _incomplete_samples(path, value)
+        else:
+            kind, problem = "changed model", _changed_model_files(path, value)
+        if problem is None:
+            continue
         aside = move_aside(path, "unreadable")
         messages.append(
             f"{path}: {kind} ({problem}); moved to {aside.name}, and the job that writes it "
