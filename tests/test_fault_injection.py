@@ -483,7 +483,10 @@ def test_a_sync_killed_mid_way_is_completed(undisturbed, faulted, data_dir):
 def test_a_second_run_started_during_the_first_waits_and_writes_nothing(
     undisturbed, faulted, data_dir
 ):
-    shutil.rmtree(faulted / RUN / SOLVE)
+    # enough work left that the first run is still running when the second starts (with only
+    # one point it could finish first on a loaded machine: seen once)
+    for point in (SOLVE, INFILL, LIKELIHOOD, UNCONDITIONAL):
+        shutil.rmtree(faulted / RUN / point)
     with started_main_job(faulted, data_dir) as process:
         wait_until(_evaluation_started(faulted, SOLVE), process, "the evaluation wrote samples")
         second = run_main_job(faulted, data_dir)
