@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from setdlm.core.decoding import DecodeConfig, GenerationOutput, OrderPolicy, generate
+from setdlm.core.decoding.pool import FinishedCallback, generate_continuous
 from setdlm.core.outputs import LossOutput
 from setdlm.core.schedules import LinearSchedule, StaggeredSchedule
 
@@ -158,10 +159,28 @@ class Family(nn.Module):
         config: DecodeConfig,
         seeds: list[int] | None = None,
         tokenizer=None,
+        batch_size: int | None = None,
+        on_finished: FinishedCallback | None = None,
         **policy_options: Any,
     ) -> GenerationOutput:
-        return generate(
-            self, prompts, config, seeds=seeds, tokenizer=tokenizer, policy_options=policy_options
+        """Decode ``prompts`` as one static batch, or, with ``batch_size``, through a
+        continuous-batching pool of that many slots (``on_finished`` hears each row as it
+        finishes). Both give every row the tokens it gets alone."""
+        if batch_size is None:
+            if on_finished is not None:
+                raise ValueError("on_finished needs continuous batching (batch_size=...)")
+            return generate(
+                self, prompts, config, seeds, tokenizer=tokenizer, policy_options=policy_options
+            )
+        return generate_continuous(
+            self,
+            prompts,
+            config,
+            batch_size,
+            seeds,
+            tokenizer=tokenizer,
+            on_finished=on_finished,
+            policy_options=policy_options,
         )
 
     def batch_tensors(self, batch: dict[str, torch.Tensor]):

@@ -132,6 +132,24 @@ class KVCache:
         self.positions[:, :width] = torch.gather(self.positions[:, :width], 1, order)
         self._set_lengths(keep.sum(dim=1).tolist())
 
+    def reset_row(self, row: int) -> None:
+        """Empty row ``row`` for a new sequence (continuous batching); its old slots become
+        stale, hidden by ``key_valid``."""
+        lengths = list(self._host_lengths)
+        lengths[row] = 0
+        self._set_lengths(lengths)
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Keep only the batch rows ``rows``, in that order (finished rows leave the batch)."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        for store in (self._keys, self._values):
+            for layer, buffer in enumerate(store):
+                if buffer is not None:
+                    store[layer] = buffer.index_select(0, index)
+        self.positions = self.positions.index_select(0, index)
+        self.batch_size = len(rows)
+        self._set_lengths([self._host_lengths[r] for r in rows])
+
     # ----------------------------------------------------------------- internals
     def _move(self, row: int, sources: torch.Tensor) -> None:
         """Copy row ``row``'s slots ``sources`` to just after its committed length."""

@@ -9,6 +9,7 @@ from setdlm.core.decoding.engine import (
     StopCheck,
     generate,
 )
+from setdlm.core.decoding.pool import generate_continuous
 
 __all__ = [
     "DecodeConfig",
@@ -18,4 +19,5 @@ __all__ = [
     "RowState",
     "StopCheck",
     "generate",
+    "generate_continuous",
 ]

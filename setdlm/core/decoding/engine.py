@@ -64,6 +64,11 @@ class RowState:
     committed: int = 0  # tokens committed by predictions
     confidence: dict[int, float] = field(default_factory=dict)  # slot -> its token's confidence
     stop_checked: int = 0  # length of ``prefix`` the stop rules have already searched
+    # Continuous batching only: when the row took a slot of the pool, whether its prefill was
+    # planned, and the time of the forwards it took part in (shared with their other rows).
+    admitted_at: float = 0.0
+    prefilled: bool = False
+    forward_seconds: float = 0.0
 
 
 @dataclass
@@ -139,6 +144,12 @@ class GenerationOutput:
     row_positions: list[int]  # positions each row fed the backbone, over all its forwards
     parallelism: list[float]  # tokens committed per decoding step, per row
     stopped: list[bool]  # the row met a stop condition before its budget ran out
+    # Wall time from the row's start to its end: the whole call in a static batch, the row's
+    # own time in the pool with continuous batching.
+    row_latency_seconds: list[float]
+    # The row's share of the call's wall time; the shares add up to the call. Static batch: the
+    # call over the batch size; continuous: the time since the previous row finished.
+    row_share_seconds: list[float]
     nfe: int  # backbone forwards run for the whole batch (counted)
     forward_seconds: float  # wall time inside backbone forwards
     wall_seconds: float  # wall time of the whole call
@@ -197,7 +208,9 @@ def generate(
         if all(inputs is None for inputs in plans):
             break
         _step(family, policy, rows, plans, cache, forward, config, stop_rule)
-    return _collect(rows, mask_id, forward, time.perf_counter() - start_wall)
+    wall = time.perf_counter() - start_wall
+    timing = RowTiming(latency=[wall] * len(rows), share=[wall / len(rows)] * len(rows))
+    return collect(rows, mask_id, timing, forward.calls, forward.seconds, wall)
 
 
 # --------------------------------------------------------------------------------- internals
@@ -247,9 +260,9 @@ def _step(family, policy, rows, plans, cache, forward, config, stop_rule) -> Non
     if cache is not None:
         cache.commit_prefix(num_cached, position_ids)
     committed = _decode_targets(family, rows, plans, logits, config)
-    for row, inputs in zip(rows, plans, strict=True):
+    for b, (row, inputs) in enumerate(zip(rows, plans, strict=True)):
         if inputs is not None:
-            policy.observe(row, committed[row.index])
+            policy.observe(row, committed[b])
             if not row.infill:
                 _check_stop(row, mask_id, stop_rule, policy, config.stop_cadence)
 
@@ -321,16 +334,16 @@ def _decode_targets(family, rows, plans, logits, config: DecodeConfig) -> list[l
     generators = [row.generator for row in rows] if config.do_sample else None
     tokens, confidence = choose_tokens(probs, config.do_sample, generators, counts)
     token_rows, confidence_rows = tokens.tolist(), confidence.tolist()
-    for row, inputs in zip(rows, plans, strict=True):
-        n = counts[row.index]
+    for b, (row, inputs) in enumerate(zip(rows, plans, strict=True)):
+        n = counts[b]
         if not n:
             continue
-        values = confidence_rows[row.index][:n]
+        values = confidence_rows[b][:n]
         for i in _chosen_targets(inputs, values, config.confidence_threshold, confidence):
             slot = inputs.targets[i][1]
-            row.tokens[slot] = token_rows[row.index][i]
+            row.tokens[slot] = token_rows[b][i]
             row.confidence[slot] = values[i]
-            committed[row.index].append(slot)
+            committed[b].append(slot)
             row.committed += 1
         row.steps += 1
     return committed
@@ -364,12 +377,12 @@ def _apply_processors(logits, rows, plans, config: DecodeConfig, mask_id: int):
         logits = processors.repetition_penalty(logits, presence, config.repetition_penalty)
     if config.length_penalty is not None:
         before = torch.zeros(logits.shape[:2], dtype=torch.long)
-        for row, inputs in zip(rows, plans, strict=True):
+        for b, (row, inputs) in enumerate(zip(rows, plans, strict=True)):
             if inputs is None or not inputs.targets:
                 continue
             decoded_before = _decoded_before(row, mask_id)
             counts = [decoded_before.get(slot, len(row.generated)) for _, slot in inputs.targets]
-            before[row.index, : len(counts)] = torch.tensor(counts)
+            before[b, : len(counts)] = torch.tensor(counts)
         start, factor = config.length_penalty
         logits = processors.exponential_length_penalty(
             logits, before.to(logits.device), start, factor, config.eos_token_ids
@@ -407,7 +420,16 @@ def _check_stop(row: RowState, mask_id: int, stop_rule: StopRule, policy, cadenc
         row.done = True
 
 
-def _collect(rows, mask_id, forward, wall_seconds) -> GenerationOutput:
+@dataclass(frozen=True)
+class RowTiming:
+    latency: list[float]  # per row, see GenerationOutput.row_latency_seconds
+    share: list[float]  # per row, see GenerationOutput.row_share_seconds
+
+
+def collect(
+    rows, mask_id, timing: RowTiming, nfe: int, forward_seconds: float, wall_seconds: float
+) -> GenerationOutput:
+    """The ``GenerationOutput`` of finished rows, in the order given."""
     output_ids, new_ids, new_confidences = [], [], []
     for row in rows:
         kept = row.generated if row.stop_at is None else row.generated[: row.stop_at]
@@ -429,7 +451,9 @@ def _collect(rows, mask_id, forward, wall_seconds) -> GenerationOutput:
         row_positions=[row.positions_evaluated for row in rows],
         parallelism=[row.committed / row.steps if row.steps else 0.0 for row in rows],
         stopped=[row.stop_at is not None for row in rows],
-        nfe=forward.calls,
-        forward_seconds=forward.seconds,
+        row_latency_seconds=list(timing.latency),
+        row_share_seconds=list(timing.share),
+        nfe=nfe,
+        forward_seconds=forward_seconds,
         wall_seconds=wall_seconds,
     )

@@ -1,0 +1,169 @@
+"""Continuous batching: a pool of B slots decoding any number of prompts.
+
+A static batch (``engine.generate``) runs until its slowest row is done, so when rows need very
+different numbers of forwards (a low τ, stop rules, different prompt lengths) its last forwards
+carry mostly finished rows. Here a row that finishes (stop rule or budget) leaves its slot at
+once, and the next waiting prompt takes the slot in the very next forward, its prefill
+included: the slot's KV-cache row is emptied, not reallocated. Once no prompt is waiting,
+finished rows are dropped from the batch and from the cache, so the tail of the run does not
+pad its forwards with empty rows.
+
+Every row keeps its own canvas, window, cache length and generator, exactly as in the static
+engine, and a forward's rows never see each other; so a row's tokens, NFE and confidences are
+those of decoding it alone, whatever the pool size and the order in which prompts arrive.
+Rows finish in any order: ``on_finished`` hears each one as it leaves the pool (so a caller can
+save it at once), and the returned output lists them in prompt order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+from setdlm.core.decoding.config import DecodeConfig
+from setdlm.core.decoding.engine import (
+    GenerationOutput,
+    OrderPolicy,
+    RowInputs,
+    RowState,
+    RowTiming,
+    _ForwardCounter,
+    _new_row,
+    _step,
+    collect,
+)
+from setdlm.core.decoding.stopping import StopRule
+from setdlm.core.kv_cache import KVCache
+
+# on_finished(prompt index, that row's one-row GenerationOutput)
+FinishedCallback = Callable[[int, GenerationOutput], None]
+
+
+def generate_continuous(
+    family,
+    prompts: list[list[int]],
+    config: DecodeConfig,
+    batch_size: int,
+    seeds: list[int] | None = None,
+    tokenizer=None,
+    on_finished: FinishedCallback | None = None,
+    synchronize_forwards: bool = False,
+    policy_options: dict | None = None,
+) -> GenerationOutput:
+    """Decode every prompt through a pool of ``batch_size`` slots (see the module docstring).
+
+    The returned output is in prompt order. ``nfe`` and ``forward_seconds`` are those of the
+    whole pool; per row, ``row_latency_seconds`` is its time in the pool and
+    ``row_share_seconds`` the time since the previous row finished (they add up to the call).
+    A one-row output handed to ``on_finished`` has the row's own forwards as ``nfe``, the time
+    of those forwards (shared with their other rows) as ``forward_seconds``, and its latency as
+    ``wall_seconds``.
+    """
+    start = time.perf_counter()
+    if not prompts:
+        raise ValueError("generate_continuous() needs at least one prompt")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    pool = _Pool(family, prompts, config, seeds, batch_size, policy_options, on_finished, start)
+    stop_rule = StopRule(config, tokenizer)
+    forward = _ForwardCounter(family, synchronize_forwards)
+    while True:
+        plans = pool.plan_next_forward()
+        if not plans:
+            break
+        before = forward.seconds
+        _step(family, pool.policy, pool.rows, plans, pool.cache, forward, config, stop_rule)
+        for row in pool.rows:
+            row.forward_seconds += forward.seconds - before
+    wall = time.perf_counter() - start
+    order = range(len(prompts))
+    timing = RowTiming(
+        latency=[pool.latency[i] for i in order], share=[pool.share[i] for i in order]
+    )
+    finished = [pool.finished[i] for i in order]
+    return collect(finished, pool.mask_id, timing, forward.calls, forward.seconds, wall)
+
+
+class _Pool:
+    """The rows being decoded (one per KV-cache row), the prompts waiting, the rows done."""
+
+    def __init__(self, family, prompts, config, seeds, batch_size, options, on_finished, start):
+        self.prompts, self.config, self.seeds = prompts, config, seeds
+        self.device = family.device
+        self.mask_id = family.config.mask_token_id
+        self.policy: OrderPolicy = family.decode_policy(config, **(options or {}))
+        self.on_finished = on_finished
+        size = min(batch_size, len(prompts))
+        self.cache = None
+        if self.policy.uses_cache:
+            self.cache = KVCache(family.num_layers, size, self.device)
+        self.rows: list[RowState | None] = [None] * size  # slot b is the cache's row b
+        self.waiting = deque(range(len(prompts)))
+        self.finished: dict[int, RowState] = {}
+        self.latency: dict[int, float] = {}
+        self.share: dict[int, float] = {}
+        self.last_finish = start
+
+    def plan_next_forward(self) -> list[RowInputs]:
+        """Fill free slots, retire rows with nothing left to do, and return one plan per row of
+        ``self.rows`` (empty when every prompt is done)."""
+        plans: list[RowInputs | None] = [None] * len(self.rows)
+        b = 0
+        while b < len(self.rows):
+            if self.rows[b] is None and self.waiting:
+                self._admit(b)
+            row = self.rows[b]
+            if row is None:
+                b += 1
+                continue
+            inputs = self._next_inputs(row)
+            if inputs is None:
+                self._retire(b)  # and look at slot b again: the next prompt takes it
+                continue
+            plans[b] = inputs
+            b += 1
+        active = [b for b, row in enumerate(self.rows) if row is not None]
+        if len(active) < len(self.rows):  # nothing waits any more: shrink the batch
+            if self.cache is not None and active:
+                self.cache.keep_rows(active)
+            self.rows = [self.rows[b] for b in active]
+            plans = [plans[b] for b in active]
+        return plans
+
+    def _next_inputs(self, row: RowState) -> RowInputs | None:
+        if not row.prefilled:
+            row.prefilled = True
+            inputs = self.policy.prefill(row)
+            if inputs is not None:
+                return inputs
+        if row.done:
+            return None
+        inputs = self.policy.plan(row)
+        row.done = inputs is None
+        return inputs
+
+    def _admit(self, b: int) -> None:
+        index = self.waiting.popleft()
+        row = _new_row(
+            index, self.prompts[index], self.config, self.mask_id, self.seeds, self.device
+        )
+        self.policy.setup(row)
+        row.admitted_at = time.perf_counter()
+        if self.cache is not None:
+            self.cache.reset_row(b)
+        self.rows[b] = row
+
+    def _retire(self, b: int) -> None:
+        row, self.rows[b] = self.rows[b], None
+        now = time.perf_counter()
+        self.finished[row.index] = row
+        self.latency[row.index] = now - row.admitted_at
+        self.share[row.index] = now - self.last_finish
+        self.last_finish = now
+        if self.on_finished is not None:
+            timing = RowTiming(latency=[self.latency[row.index]], share=[self.share[row.index]])
+            one = collect(
+                [row], self.mask_id, timing, row.forwards, row.forward_seconds, timing.latency[0]
+            )
+            self.on_finished(row.index, one)

@@ -1,0 +1,100 @@
+"""Continuous batching: every row decodes exactly as it does alone, whatever the pool size and
+the order in which prompts arrive, while the pool keeps its slots busy."""
+
+from __future__ import annotations
+
+import pytest
+from model_factory import BACKBONES, FAMILIES, MASK, prompts, tiny_model
+
+from setdlm.core.decoding import DecodeConfig
+
+# Very different prompt lengths (2 to 17 of the model's 32 positions), so that rows of one
+# forward mix a long prefill with short decoding steps.
+LENGTHS = (2, 17, 5, 11, 3, 9, 14)
+
+
+def _config(family: str, **changes) -> DecodeConfig:
+    values = {"max_new_tokens": 12, "confidence_threshold": 0.15, "stop_repeated_tokens": 2}
+    if family == "mdlm":
+        values["block_size"] = 8
+    values.update(changes)
+    return DecodeConfig(**values)
+
+
+def _same_as_alone(model, batch, config, seeds, pooled):
+    for i, prompt in enumerate(batch):
+        alone = model.generate([prompt], config, seeds=[seeds[i]])
+        where = f"prompt {i} of {len(batch)}"
+        assert pooled.output_ids[i] == alone.output_ids[0], where
+        # Same tokens; a padded batch's matmuls round differently, confidences agree closely.
+        assert pooled.new_token_confidences[i] == pytest.approx(
+            alone.new_token_confidences[0], rel=1e-4, abs=1e-6
+        ), where
+        assert pooled.row_forwards[i] == alone.nfe, where
+        assert pooled.row_steps[i] == alone.row_steps[0], where
+        assert pooled.row_positions[i] == alone.row_positions[0], where
+        assert pooled.stopped[i] == alone.stopped[0], where
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+@pytest.mark.parametrize("backbone", BACKBONES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_row_of_a_pool_decodes_as_it_does_alone(family, backbone, do_sample):
+    model = tiny_model(family, backbone)
+    batch = prompts(len(LENGTHS), lengths=LENGTHS)
+    seeds = [21 + i for i in range(len(batch))]
+    config = _config(family, do_sample=do_sample, top_p=0.9)
+    heard = []
+    pooled = model.generate(
+        batch, config, seeds=seeds, batch_size=3, on_finished=lambda i, out: heard.append(i)
+    )
+    _same_as_alone(model, batch, config, seeds, pooled)
+    assert sorted(heard) == list(range(len(batch)))  # each row heard once, as it finished
+    # Seven rows through three slots: the pool refilled slots, so it ran fewer forwards than
+    # the rows took part in, and fewer than decoding the batch in static batches of three.
+    static = sum(
+        model.generate(batch[i : i + 3], config, seeds=seeds[i : i + 3]).nfe
+        for i in range(0, len(batch), 3)
+    )
+    assert pooled.nfe < sum(pooled.row_forwards)
+    assert pooled.nfe <= static
+    assert sum(pooled.row_share_seconds) == pytest.approx(pooled.wall_seconds, rel=0.05)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_results_do_not_depend_on_pool_size_or_arrival_order(family):
+    model = tiny_model(family, "qwen3")
+    batch = prompts(len(LENGTHS), seed=3, lengths=LENGTHS)
+    seeds = [40 + i for i in range(len(batch))]
+    config = _config(family, confidence_threshold=0.3)
+    reference = model.generate(batch, config, seeds=seeds, batch_size=1)
+    order = [4, 0, 6, 2, 5, 1, 3]
+    for size in (2, 5, 16):
+        shuffled = model.generate(
+            [batch[i] for i in order], config, seeds=[seeds[i] for i in order], batch_size=size
+        )
+        for position, i in enumerate(order):
+            assert shuffled.output_ids[position] == reference.output_ids[i], (size, i)
+            assert shuffled.row_forwards[position] == reference.row_forwards[i], (size, i)
+
+
+def test_infilling_rows_share_a_pool_with_continuation_rows():
+    model = tiny_model("setdlm", "qwen3")
+    batch = prompts(5, seed=5, lengths=LENGTHS)
+    batch[1] = batch[1][:6] + [MASK] * 4 + batch[1][6:]  # a masked span between two contexts
+    batch[3] = batch[3][:4] + [MASK] * 3 + batch[3][4:]
+    seeds = [7, 8, 9, 10, 11]
+    config = _config("setdlm")
+    pooled = model.generate(batch, config, seeds=seeds, batch_size=2)
+    _same_as_alone(model, batch, config, seeds, pooled)
+    assert MASK not in pooled.output_ids[1] and MASK not in pooled.output_ids[3]
+
+
+def test_a_pool_needs_prompts_and_slots():
+    model = tiny_model("ar")
+    with pytest.raises(ValueError, match="at least one prompt"):
+        model.generate([], _config("ar"), batch_size=2)
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        model.generate(prompts(2), _config("ar"), batch_size=0)
+    with pytest.raises(ValueError, match="needs continuous batching"):
+        model.generate(prompts(2), _config("ar"), on_finished=print)
