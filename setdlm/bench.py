@@ -175,3 +175,100 @@ def bench_decode(settings: BenchSettings = BenchSettings(), log=print) -> list[B
             say(row.line())
     bar.close()
     return rows
+
+
+# ------------------------------------------------------------------ static vs continuous batching
+@dataclass(frozen=True)
+class BatchingRow:
+    family: str
+    threshold: float
+    batch_size: int
+    batching: str  # "static" or "continuous"
+    tokens_per_second: float  # aggregate: all generated tokens over the whole run's wall time
+    nfe: int  # backbone forwards of the whole run
+    wall_seconds: float
+
+    def line(self, static: float | None, alone: float) -> str:
+        versus_static = "" if static is None else f"{self.tokens_per_second / static:9.2f}x"
+        return (
+            f"{self.family:7s} {self.threshold:8.3g} {self.batch_size:4d} {self.batching:10s} "
+            f"{self.tokens_per_second:10.1f} {self.nfe:7d} {versus_static:>10s} "
+            f"{self.tokens_per_second / alone:9.2f}x"
+        )
+
+
+BATCHING_HEADER = (
+    f"{'family':7s} {'tau':>8s} {'B':>4s} {'batching':10s} {'tok/s':>10s} {'NFE':>7s} "
+    f"{'vs static':>10s} {'vs B=1':>10s}"
+)
+
+
+def random_prompts(count: int, settings: BenchSettings) -> list[list[int]]:
+    """``count`` prompts of random lengths (a quarter to twice ``prompt_tokens``), BOS first."""
+    generator = torch.Generator().manual_seed(settings.seed + 2)
+    low, high = max(2, settings.prompt_tokens // 4), 2 * settings.prompt_tokens
+    lengths = torch.randint(low, high + 1, (count,), generator=generator).tolist()
+    return [
+        [1] + torch.randint(3, settings.vocab_size - 1, (n - 1,), generator=generator).tolist()
+        for n in lengths
+    ]
+
+
+def bench_batching(
+    settings: BenchSettings, batch_sizes: tuple[int, ...], num_prompts: int, log=print
+) -> list[BatchingRow]:
+    """Aggregate tok/s of static batches against a continuous-batching pool of the same size,
+    over the same ``num_prompts`` prompts, per family and τ, in one run.
+
+    Both modes must give every prompt the same tokens (they are checked, and a difference is an
+    error): only the time differs. Each (family, τ) first decodes a few prompts untimed to warm
+    up kernels and allocators.
+    """
+    prompts = random_prompts(num_prompts, settings)
+    rows = []
+    log(BATCHING_HEADER)
+    for family in FAMILIES:
+        model = bench_model(family, settings)
+        for threshold in (1e6,) if family == "ar" else settings.thresholds:
+            config = DecodeConfig(
+                max_new_tokens=settings.new_tokens,
+                confidence_threshold=threshold,
+                block_size=settings.mdlm_block if family == "mdlm" else None,
+            )
+            model.generate(prompts[: max(batch_sizes)], config, batch_size=max(batch_sizes))
+            alone = None
+            for size in batch_sizes:
+                static, static_tokens = _static_run(model, prompts, config, family, threshold, size)
+                alone = alone or static.tokens_per_second
+                rows.append(static)
+                log(static.line(None, alone))
+                if size == 1:
+                    continue
+                output = model.generate(prompts, config, batch_size=size)
+                if output.new_token_ids != static_tokens:
+                    raise RuntimeError(
+                        f"{family} τ={threshold} B={size}: continuous batching changed tokens"
+                    )
+                pooled = BatchingRow(
+                    family,
+                    threshold,
+                    size,
+                    "continuous",
+                    sum(output.num_generated) / output.wall_seconds,
+                    output.nfe,
+                    output.wall_seconds,
+                )
+                rows.append(pooled)
+                log(pooled.line(static.tokens_per_second, alone))
+    return rows
+
+
+def _static_run(model, prompts, config, family, threshold, size):
+    tokens, new_ids, nfe, wall = 0, [], 0, 0.0
+    for start in range(0, len(prompts), size):
+        output = model.generate(prompts[start : start + size], config)
+        tokens += sum(output.num_generated)
+        new_ids += output.new_token_ids
+        nfe += output.nfe
+        wall += output.wall_seconds
+    return BatchingRow(family, threshold, size, "static", tokens / wall, nfe, wall), new_ids

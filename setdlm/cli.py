@@ -171,6 +171,14 @@ def _main(argv: list[str]) -> int:
     decode.add_argument("--batch-size", type=BATCH_SIZE, default=1)
     decode.add_argument("--thresholds", type=THRESHOLD, nargs="+", default=[1e6, 0.9])
     decode.add_argument("--repeats", type=COUNT, default=3)
+    decode.add_argument(
+        "--continuous",
+        action="store_true",
+        help="compare static batches with a continuous-batching pool of each --batch-sizes "
+        "size over --prompts random prompts of varied lengths (aggregate tok/s)",
+    )
+    decode.add_argument("--batch-sizes", type=BATCH_SIZE, nargs="+", default=[1, 4, 16])
+    decode.add_argument("--prompts", type=COUNT, default=256, help="with --continuous")
 
     args = parser.parse_args(argv)
     return COMMANDS[args.command](args)
@@ -238,7 +246,7 @@ def _parity(args) -> int:
 
 
 def _bench(args) -> int:
-    from setdlm.bench import BenchSettings, bench_decode
+    from setdlm.bench import BenchSettings, bench_batching, bench_decode
 
     settings = BenchSettings(
         backbone=args.backbone,
@@ -250,7 +258,10 @@ def _bench(args) -> int:
         thresholds=tuple(args.thresholds),
         repeats=args.repeats,
     )
-    bench_decode(settings)
+    if args.continuous:
+        bench_batching(settings, tuple(args.batch_sizes), args.prompts)
+    else:
+        bench_decode(settings)
     return 0
 
 

@@ -150,6 +150,25 @@ class KVCache:
         self.batch_size = len(rows)
         self._set_lengths([self._host_lengths[r] for r in rows])
 
+    def adopt_rows(self, rows: list[int], other: KVCache) -> None:
+        """Row ``rows[i]`` takes row i of ``other`` (a cache filled by a forward of its own, for
+        rows that join a running batch); the rows must have been emptied with ``reset_row``."""
+        count = other.width
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        for layer in range(self.num_layers):
+            keys, values = other._keys[layer], other._values[layer]
+            if keys is None:
+                continue
+            self._ensure_capacity(layer, count, keys)
+            self._keys[layer][index, :, :count] = keys[:, :, :count]
+            self._values[layer][index, :, :count] = values[:, :, :count]
+        self._ensure_position_capacity(count)
+        self.positions[index, :count] = other.positions[:, :count]
+        lengths = list(self._host_lengths)
+        for row, length in zip(rows, other.lengths_on_host, strict=True):
+            lengths[row] = length
+        self._set_lengths(lengths)
+
     # ----------------------------------------------------------------- internals
     def _move(self, row: int, sources: torch.Tensor) -> None:
         """Copy row ``row``'s slots ``sources`` to just after its committed length."""
@@ -179,9 +198,9 @@ class KVCache:
         if needed <= capacity:
             return
         new_capacity = max(needed, 2 * capacity, 64)
-        batch, heads, _, head_dim = like.shape
+        _, heads, _, head_dim = like.shape  # like: (any batch, H, Q, D), for dtype and sizes
         for store in (self._keys, self._values):
-            grown = like.new_zeros(batch, heads, new_capacity, head_dim)
+            grown = like.new_zeros(self.batch_size, heads, new_capacity, head_dim)
             if store[layer] is not None:
                 grown[:, :, :capacity] = store[layer]
             store[layer] = grown

@@ -8,6 +8,12 @@ included: the slot's KV-cache row is emptied, not reallocated. Once no prompt is
 finished rows are dropped from the batch and from the cache, so the tail of the run does not
 pad its forwards with empty rows.
 
+A new row's first forward (its prompt prefill, or AR's first step over the whole prompt) is
+as wide as its prompt, while the other rows feed a few tokens each; run together, every row
+would be padded to the prompt's width. So when rows join a running pool, their first forward
+runs apart, over the new rows only and into a KV cache of their own whose rows are then copied
+into their slots; from their second forward on they decode with the others.
+
 Every row keeps its own canvas, window, cache length and generator, exactly as in the static
 engine, and a forward's rows never see each other; so a row's tokens, NFE and confidences are
 those of decoding it alone, whatever the pool size and the order in which prompts arrive.
@@ -65,39 +71,36 @@ def generate_continuous(
         raise ValueError("generate_continuous() needs at least one prompt")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    pool = _Pool(family, prompts, config, seeds, batch_size, policy_options, on_finished, start)
-    stop_rule = StopRule(config, tokenizer)
-    forward = _ForwardCounter(family, synchronize_forwards)
+    pool = _Pool(family, prompts, config, seeds, tokenizer, batch_size, policy_options, start)
+    pool.on_finished = on_finished
+    pool.forward = _ForwardCounter(family, synchronize_forwards)
     while True:
         plans = pool.plan_next_forward()
         if not plans:
             break
-        before = forward.seconds
-        _step(family, pool.policy, pool.rows, plans, pool.cache, forward, config, stop_rule)
-        for row in pool.rows:
-            row.forward_seconds += forward.seconds - before
+        pool.step(pool.rows, plans, pool.cache)
     wall = time.perf_counter() - start
     order = range(len(prompts))
     timing = RowTiming(
         latency=[pool.latency[i] for i in order], share=[pool.share[i] for i in order]
     )
     finished = [pool.finished[i] for i in order]
-    return collect(finished, pool.mask_id, timing, forward.calls, forward.seconds, wall)
+    return collect(finished, pool.mask_id, timing, pool.forward.calls, pool.forward.seconds, wall)
 
 
 class _Pool:
     """The rows being decoded (one per KV-cache row), the prompts waiting, the rows done."""
 
-    def __init__(self, family, prompts, config, seeds, batch_size, options, on_finished, start):
-        self.prompts, self.config, self.seeds = prompts, config, seeds
+    def __init__(self, family, prompts, config, seeds, tokenizer, batch_size, options, start):
+        self.family, self.prompts, self.config, self.seeds = family, prompts, config, seeds
         self.device = family.device
         self.mask_id = family.config.mask_token_id
         self.policy: OrderPolicy = family.decode_policy(config, **(options or {}))
-        self.on_finished = on_finished
+        self.stop_rule = StopRule(config, tokenizer)
+        self.on_finished: FinishedCallback | None = None
+        self.forward: _ForwardCounter | None = None
         size = min(batch_size, len(prompts))
-        self.cache = None
-        if self.policy.uses_cache:
-            self.cache = KVCache(family.num_layers, size, self.device)
+        self.cache = self._new_cache(size)
         self.rows: list[RowState | None] = [None] * size  # slot b is the cache's row b
         self.waiting = deque(range(len(prompts)))
         self.finished: dict[int, RowState] = {}
@@ -105,24 +108,23 @@ class _Pool:
         self.share: dict[int, float] = {}
         self.last_finish = start
 
+    def step(self, rows: list[RowState], plans: list[RowInputs], cache) -> None:
+        """One forward of ``rows`` (every one with a plan) through the static engine's step."""
+        before = self.forward.seconds
+        _step(
+            self.family, self.policy, rows, plans, cache, self.forward, self.config, self.stop_rule
+        )
+        for row in rows:
+            row.forward_seconds += self.forward.seconds - before
+
     def plan_next_forward(self) -> list[RowInputs]:
         """Fill free slots, retire rows with nothing left to do, and return one plan per row of
         ``self.rows`` (empty when every prompt is done)."""
-        plans: list[RowInputs | None] = [None] * len(self.rows)
-        b = 0
-        while b < len(self.rows):
-            if self.rows[b] is None and self.waiting:
-                self._admit(b)
-            row = self.rows[b]
-            if row is None:
-                b += 1
-                continue
-            inputs = self._next_inputs(row)
-            if inputs is None:
-                self._retire(b)  # and look at slot b again: the next prompt takes it
-                continue
-            plans[b] = inputs
-            b += 1
+        while True:
+            self._admit_into_free_slots()
+            plans, retired = self._plan_rows()
+            if not (retired and self.waiting):
+                break
         active = [b for b, row in enumerate(self.rows) if row is not None]
         if len(active) < len(self.rows):  # nothing waits any more: shrink the batch
             if self.cache is not None and active:
@@ -130,6 +132,18 @@ class _Pool:
             self.rows = [self.rows[b] for b in active]
             plans = [plans[b] for b in active]
         return plans
+
+    def _plan_rows(self) -> tuple[list[RowInputs | None], bool]:
+        plans: list[RowInputs | None] = [None] * len(self.rows)
+        retired = False
+        for b, row in enumerate(self.rows):
+            if row is None:
+                continue
+            plans[b] = self._next_inputs(row)
+            if plans[b] is None:
+                self._retire(b)
+                retired = True
+        return plans, retired
 
     def _next_inputs(self, row: RowState) -> RowInputs | None:
         if not row.prefilled:
@@ -143,16 +157,41 @@ class _Pool:
         row.done = inputs is None
         return inputs
 
-    def _admit(self, b: int) -> None:
-        index = self.waiting.popleft()
-        row = _new_row(
-            index, self.prompts[index], self.config, self.mask_id, self.seeds, self.device
-        )
-        self.policy.setup(row)
-        row.admitted_at = time.perf_counter()
-        if self.cache is not None:
-            self.cache.reset_row(b)
-        self.rows[b] = row
+    def _admit_into_free_slots(self) -> None:
+        free = [b for b, row in enumerate(self.rows) if row is None]
+        new = []
+        for b in free[: len(self.waiting)]:
+            index = self.waiting.popleft()
+            row = _new_row(
+                index, self.prompts[index], self.config, self.mask_id, self.seeds, self.device
+            )
+            self.policy.setup(row)
+            row.admitted_at = time.perf_counter()
+            if self.cache is not None:
+                self.cache.reset_row(b)
+            self.rows[b] = row
+            new.append(b)
+        running = any(row is not None for b, row in enumerate(self.rows) if b not in new)
+        if new and running and self.cache is not None:
+            self._first_forward_apart(new)
+
+    def _first_forward_apart(self, slots: list[int]) -> None:
+        """Run the first forward of the rows just admitted into ``slots``, over those rows only,
+        and copy the cache they wrote into their slots."""
+        rows = [self.rows[b] for b in slots]
+        plans = [self._next_inputs(row) for row in rows]
+        taking_part = [i for i, inputs in enumerate(plans) if inputs is not None]
+        if not taking_part:  # nothing to decode (no budget): retired at the next planning
+            return
+        rows = [rows[i] for i in taking_part]
+        own_cache = self._new_cache(len(rows))
+        self.step(rows, [plans[i] for i in taking_part], own_cache)
+        self.cache.adopt_rows([slots[i] for i in taking_part], own_cache)
+
+    def _new_cache(self, rows: int) -> KVCache | None:
+        if not self.policy.uses_cache:
+            return None
+        return KVCache(self.family.num_layers, rows, self.device)
 
     def _retire(self, b: int) -> None:
         row, self.rows[b] = self.rows[b], None
