@@ -12,7 +12,15 @@ from setdlm.data.tokenizers import load_tokenizer
 from setdlm.eval.records import SampleLog, example_seed
 from setdlm.eval.runner import Example, RunSettings, Task, run_evaluation
 
-TIMING_FIELDS = {"latency_seconds", "seconds", "warmup", "batch_size", "code_version", "job_id"}
+TIMING_FIELDS = {
+    "latency_seconds",
+    "seconds",
+    "warmup",
+    "batch_size",
+    "batching",
+    "code_version",
+    "job_id",
+}
 
 
 class Continuation(Task):
@@ -134,6 +142,61 @@ def test_batch_size_does_not_change_results(trained_tiny, tmp_path):
     )
     assert one["config_hash"] == three["config_hash"]
     assert _outputs(tmp_path / "one") == _outputs(tmp_path / "three")
+
+
+@pytest.mark.parametrize("family", ["ar", "setdlm"])
+def test_continuous_batching_gives_the_samples_of_batch_1_and_says_how_it_was_timed(
+    trained_tiny, tmp_path, family
+):
+    model, tokenizer = _load(trained_tiny, family)
+    task = Continuation(count=7)
+    one = run_evaluation(task, model, tokenizer, SAMPLED, tmp_path / "one")
+    pooled_settings = RunSettings(batch_size=3, batching="continuous")
+    pooled = run_evaluation(task, model, tokenizer, SAMPLED, tmp_path / "pool", pooled_settings)
+    assert pooled["config_hash"] == one["config_hash"]  # batching is not part of the result
+    assert _outputs(tmp_path / "pool") == _outputs(tmp_path / "one")
+    assert pooled["quality"] == one["quality"]
+    records = SampleLog(tmp_path / "pool" / "samples.jsonl").load()
+    assert {(r["batching"], r["batch_size"]) for r in records.values()} == {("continuous", 3)}
+    assert [r["warmup"] for r in records.values()].count(True) == 1
+    assert one["speed"]["protocol"].startswith("batch 1: ")
+    assert pooled["speed"]["protocol"].startswith("continuous batching, 3 slots: ")
+    assert pooled["run"]["batching"] == "continuous"
+    timed = [r for r in records.values() if not r["warmup"]]
+    # each row's own time in the pool, and its share of the run (time since the previous
+    # row finished), which add up to the run: aggregate tok/s is tokens over the run's time
+    assert all(r["latency_seconds"] > 0 and r["seconds"] >= 0 for r in timed)
+    assert pooled["speed"]["tokens_per_second_aggregate"] == pytest.approx(
+        sum(r["generated_tokens"] for r in timed) / sum(r["seconds"] for r in timed)
+    )
+
+
+def test_a_continuous_run_that_is_killed_resumes_to_the_same_samples(trained_tiny, tmp_path):
+    model, tokenizer = _load(trained_tiny, "setdlm")
+    settings = RunSettings(batch_size=3, batching="continuous")
+    straight = run_evaluation(
+        Continuation(count=7), model, tokenizer, SAMPLED, tmp_path / "straight", settings
+    )
+    with pytest.raises(KeyboardInterrupt):  # dies while scoring the 4th example to finish
+        run_evaluation(
+            Continuation(count=7, fail_after=3),
+            model,
+            tokenizer,
+            SAMPLED,
+            tmp_path / "killed",
+            settings,
+        )
+    assert len(SampleLog(tmp_path / "killed" / "samples.jsonl").load()) == 3  # saved as finished
+    resumed = run_evaluation(
+        Continuation(count=7), model, tokenizer, SAMPLED, tmp_path / "killed", settings
+    )
+    assert _outputs(tmp_path / "killed") == _outputs(tmp_path / "straight")
+    assert resumed["quality"] == straight["quality"]
+
+
+def test_batching_must_be_static_or_continuous():
+    with pytest.raises(ValueError, match="batching must be one of"):
+        RunSettings(batching="dynamic")
 
 
 def test_a_folder_never_mixes_two_configurations(trained_tiny, tmp_path):

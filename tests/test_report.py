@@ -114,7 +114,8 @@ def run_dir(trained_tiny, arithmetic_models, tmp_path_factory) -> Path:
         # a sweep: one folder per τ, tau-1e+06 and tau-0.5
         [*gsm8k, *model("setdlm"), *out("gsm8k/setdlm-smax8"), "--threshold", "1e6", "0.5"],
         ["eval", "cnndm", *short, *model("ar"), *out("cnndm/ar/default")],
-        ["eval", "cnndm", *short, *model("setdlm"), *out("cnndm/setdlm-smax8/default")],
+        ["eval", "cnndm", *short, *model("setdlm"), *out("cnndm/setdlm-smax8/default")]
+        + ["--batch-size", "2", "--batching", "continuous"],
         ["eval", "infill", "--variant", "infill-1", "--skip-too-long", *short]
         + [*model("mdlm"), *out("infill-1/mdlm/default")],
         ["eval", "infill", "--variant", "infill-3", "--skip-too-long", *short]
@@ -225,7 +226,15 @@ def test_tables_state_units_definitions_hardware_and_examples(run_dir, tables):
     assert "Units: accuracy in % of problems" in markdown
     assert gsm8k["quality"]["paper_exact"]["definition"].rstrip(".") in markdown
     assert "Hardware (ours): cpu (" in markdown and "Examples per point: 2" in markdown
+    # how speed was timed, per point when they differ: batch 1 is the paper's protocol
+    assert "Speed protocol: batch 1: per-example tok/s comparable with the paper" in markdown
+    cnndm = (tables / "cnndm.md").read_text()
+    assert "Speed protocol: batch 1: per-example tok/s comparable" in cnndm
+    assert "[cnndm/ar/default]" in cnndm
+    assert "continuous batching, 2 slots: evaluation throughput" in cnndm
+    assert "[cnndm/setdlm-smax8/default]" in cnndm
     likelihood = (tables / "likelihood.md").read_text()
+    assert "Speed protocol" not in likelihood
     for family in ("ar", "bd3lm-s4"):  # exact NLL for AR, a bound for BD3LM: both stated
         definition = _metrics(run_dir, f"likelihood-wikitext2/{family}/default")["quality"]["nll"]
         assert definition["definition"] in likelihood

@@ -246,6 +246,23 @@ def test_plan_points_commands_and_hashes(data_dir):
     assert all(more.points[k].config_hash == p.config_hash for k, p in plan.points.items())
 
 
+def test_batching_reaches_the_command_and_only_a_non_default_changes_a_point(data_dir):
+    env = {"SETDLM_DATA_DIR": str(data_dir)}
+    plan = build(_tiny(), env)
+    auto = build(_set(_tiny(), "tasks.cnndm.batching", "auto"), env)
+    assert all(auto.points[k].config_hash == p.config_hash for k, p in plan.points.items())
+    assert all("--batching" not in p.command for p in plan.points.values())
+    pooled = build(
+        _set(_set(_tiny(), "tasks.cnndm.batching", "continuous"), "tasks.cnndm.batch_size", 4), env
+    )
+    differ = {k for k, p in plan.points.items() if pooled.points[k].config_hash != p.config_hash}
+    assert differ == {k for k in plan.points if k[0] == "cnndm"}
+    point = next(p for k, p in pooled.points.items() if k[0] == "cnndm")
+    assert "--batch-size 4 " in point.command and "--batching continuous" in point.command
+    with pytest.raises(ConfigError, match="batching"):
+        build(_set(_tiny(), "tasks.cnndm.batching", "dynamic"), env)
+
+
 def test_paper_plan_skips_unloadable_checkpoints_with_a_warning(data_dir, monkeypatch):
     from setdlm.workflow import plan as plan_module
 

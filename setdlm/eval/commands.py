@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from setdlm.core.decoding import DecodeConfig
+from setdlm.eval.runner import BATCHING_CHOICES, resolve_batching
 from setdlm.validation import (
     BATCH_SIZE,
     BLOCK_SIZE,
@@ -81,6 +82,15 @@ def add_parsers(commands) -> None:
                 help="when stops are looked for: exact (after every forward, the output ends at "
                 "the stop) or official (when the official sampler checks, keeping what it keeps); "
                 "default: official for a published checkpoint, else exact",
+            )
+        if name in ("gsm8k", "cnndm", "infill", "arithmetic"):
+            parser.add_argument(
+                "--batching",
+                choices=BATCHING_CHOICES,
+                default="auto",
+                help="with --batch-size above 1: static batches, each decoded until its slowest "
+                "row is done, or a continuous-batching pool of that many slots whose finished "
+                "rows take the next example at once (same samples); auto: continuous on a GPU",
             )
         if name in ("gsm8k", "cnndm", "infill"):
             parser.add_argument(
@@ -247,7 +257,10 @@ def run(args: argparse.Namespace) -> int:
         )
         print(json.dumps(metrics["quality"], indent=1))
         return 0
-    settings = RunSettings(seed=args.seed, batch_size=args.batch_size, warmup_examples=args.warmup)
+    batching = resolve_batching(getattr(args, "batching", "static"), model.device, args.batch_size)
+    settings = RunSettings(
+        seed=args.seed, batch_size=args.batch_size, warmup_examples=args.warmup, batching=batching
+    )
     sweep = len(args.threshold) > 1
     for threshold in args.threshold:
         out = args.out / f"tau-{threshold:g}" if sweep else args.out

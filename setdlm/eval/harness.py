@@ -267,7 +267,7 @@ class SetDLMHarnessLM(LM):
                 "prompt_tokens": len(job.prompt_ids),
                 "output_text": text,
                 "output_ids": new_ids,
-                **decoding_fields(output, row, elapsed["seconds"], len(batch)),
+                **decoding_fields(output, row, len(batch), call_seconds=elapsed["seconds"]),
                 "warmup": len(self.generation_records) < self.warmup,
                 "seed": job.seed,
                 **sample_provenance(),

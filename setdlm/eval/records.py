@@ -76,3 +76,21 @@ def config_hash(values: dict) -> str:
     """Identity of a result: the hash of its resolved configuration."""
     text = json.dumps(values, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def speed_protocol(records: list[dict]) -> str:
+    """How sample records were timed, in words that say what their tokens/s compares with
+    (records without batching fields, written before they existed, were static batches)."""
+    sizes = sorted({r.get("batch_size", 1) for r in records})
+    kinds = sorted({r.get("batching", "static") for r in records})
+    if sizes == [1]:
+        return "batch 1: per-example tok/s comparable with the paper's batch-1 speed"
+    largest = sizes[-1]
+    if kinds == ["continuous"]:
+        way = f"continuous batching, {largest} slots"
+    else:
+        way = f"static batches of up to {largest}"
+    return (
+        f"{way}: evaluation throughput (aggregate tok/s); per-example tok/s are under load, "
+        "not comparable with the paper's batch-1 speed"
+    )

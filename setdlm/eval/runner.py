@@ -78,11 +78,37 @@ class Task(ABC):
         """Quality metrics: {name: {"value": float, "definition": str, ...}}."""
 
 
+BATCHING = ("static", "continuous")
+BATCHING_CHOICES = ("auto", *BATCHING)
+
+
+def resolve_batching(choice: str, device, batch_size: int) -> str:
+    """ "auto" is continuous batching on a GPU with a batch of more than one, else static (on a
+    CPU a pool's gain is small and batch 1 keeps the paper's speed protocol)."""
+    if choice not in BATCHING_CHOICES:
+        raise ValueError(f"batching must be one of {BATCHING_CHOICES}, got {choice!r}")
+    if choice != "auto":
+        return choice
+    return "continuous" if device.type == "cuda" and batch_size > 1 else "static"
+
+
 @dataclass(frozen=True)
 class RunSettings:
     seed: int = 1234
     batch_size: int = 1
     warmup_examples: int = 1  # the task's first examples are not timed (scheduled_batches)
+    # "static": consecutive batches of batch_size examples, each decoded until its slowest row
+    # is done; "continuous": a pool of batch_size slots over all the examples of one budget,
+    # where a finished example's slot takes the next one (core/decoding/pool.py).
+    batching: str = "static"
+
+    def __post_init__(self):
+        if self.batching not in BATCHING:
+            raise ValueError(f"batching must be one of {BATCHING}, got {self.batching!r}")
+
+    @property
+    def continuous(self) -> bool:
+        return self.batching == "continuous" and self.batch_size > 1
 
 
 def generation_identity(
@@ -137,29 +163,44 @@ def run_evaluation(
     device = model.device
     reset_peak_memory(device)
     batches, warm_ids, rewarm = scheduled_batches(examples, pending, settings)
-    if rewarm:
-        _decode(model, batches[0], decode, settings, tokenizer)  # untimed, discarded
+    if rewarm:  # untimed, discarded
+        _decode(model, batches[0][: settings.batch_size], decode, settings, tokenizer)
     bar = progress_bar(len(examples), f"{task.name} {out_dir.name}", len(examples) - len(pending))
+
+    def save(example: Example, output, row: int, size: int, timing: dict) -> None:
+        text = task.output_text(example, output.new_token_ids[row], tokenizer)
+        log.append(
+            {
+                "id": example.id,
+                "prompt": example.prompt,
+                "reference": example.reference,
+                "output_text": text,
+                "output_ids": output.new_token_ids[row],
+                "scores": task.score(example, text),
+                **decoding_fields(output, row, size, **timing),
+                "warmup": example.id in warm_ids,
+                **sample_provenance(),
+            }
+        )
+        bar.update(1)
+
     for batch in batches:
+        if settings.continuous:  # each example is saved as soon as it leaves the pool
+            _decode(
+                model,
+                batch,
+                decode,
+                settings,
+                tokenizer,
+                on_finished=lambda i, one, batch=batch: save(
+                    batch[i], one, 0, settings.batch_size, {"batching": "continuous"}
+                ),
+            )
+            continue
         with synchronized_timer(device) as elapsed:
             output = _decode(model, batch, decode, settings, tokenizer)
-        warmup = batch[0].id in warm_ids
         for row, example in enumerate(batch):
-            text = task.output_text(example, output.new_token_ids[row], tokenizer)
-            log.append(
-                {
-                    "id": example.id,
-                    "prompt": example.prompt,
-                    "reference": example.reference,
-                    "output_text": text,
-                    "output_ids": output.new_token_ids[row],
-                    "scores": task.score(example, text),
-                    **decoding_fields(output, row, elapsed["seconds"], len(batch)),
-                    "warmup": warmup,
-                    **sample_provenance(),
-                }
-            )
-        bar.update(len(batch))
+            save(example, output, row, len(batch), {"call_seconds": elapsed["seconds"]})
     bar.close()
     return finish_run(task, examples, log, out_dir, identity, digest, settings, device)
 
@@ -221,23 +262,34 @@ def scheduled_batches(
     those of an undisturbed run.
     """
     warm_ids = {example.id for example in examples[: settings.warmup_examples]}
-    warm = list(_batches([e for e in pending if e.id in warm_ids], settings.batch_size))
-    timed = list(_batches([e for e in pending if e.id not in warm_ids], settings.batch_size))
+    size = None if settings.continuous else settings.batch_size  # a pool takes them all
+    warm = list(_batches([e for e in pending if e.id in warm_ids], size))
+    timed = list(_batches([e for e in pending if e.id not in warm_ids], size))
     return warm + timed, warm_ids, bool(timed) and not warm
 
 
-def _decode(model, batch: list[Example], decode: DecodeConfig, settings: RunSettings, tokenizer):
+def _decode(
+    model, batch: list[Example], decode: DecodeConfig, settings: RunSettings, tokenizer, **pool
+):
+    """Decode ``batch``: as one static batch, or through a pool of ``settings.batch_size``
+    slots (``pool`` then holds its ``on_finished``)."""
     seeds = [example_seed(settings.seed, example.id) for example in batch]
     budget = batch[0].max_new_tokens
     config = decode if budget is None else decode.replace(max_new_tokens=budget)
-    return model.generate([e.input_ids for e in batch], config, seeds=seeds, tokenizer=tokenizer)
+    if settings.continuous:
+        pool["batch_size"] = settings.batch_size
+    return model.generate(
+        [e.input_ids for e in batch], config, seeds=seeds, tokenizer=tokenizer, **pool
+    )
 
 
-def _batches(examples: list[Example], size: int):
-    """Consecutive examples, at most ``size`` per batch, one generation budget per batch."""
+def _batches(examples: list[Example], size: int | None):
+    """Consecutive examples, at most ``size`` per batch (None: no limit), one generation
+    budget per batch."""
     batch: list[Example] = []
     for example in examples:
-        if batch and (len(batch) == size or example.max_new_tokens != batch[0].max_new_tokens):
+        full = size is not None and len(batch) == size
+        if batch and (full or example.max_new_tokens != batch[0].max_new_tokens):
             yield batch
             batch = []
         batch.append(example)

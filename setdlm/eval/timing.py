@@ -19,6 +19,8 @@ from contextlib import contextmanager
 
 import torch
 
+from setdlm.eval.records import speed_protocol
+
 
 @contextmanager
 def synchronized_timer(device: torch.device):
@@ -52,9 +54,21 @@ def peak_memory_bytes(device: torch.device) -> dict:
     return {"kind": "process peak RSS", "bytes": rss * scale}
 
 
-def decoding_fields(output, row: int, seconds: float, batch_size: int) -> dict:
+def decoding_fields(
+    output, row: int, batch_size: int, *, call_seconds: float | None = None, batching="static"
+) -> dict:
     """The speed fields of one row of a ``GenerationOutput`` that every sample record carries
-    (what ``summarize_speed`` reads). ``seconds`` is the wall time of the whole decoding call."""
+    (what ``summarize_speed`` reads).
+
+    Static batches pass ``call_seconds``, the synchronized wall time of the whole decoding call:
+    every row's latency is the call, its share the call over the batch. Continuous batching
+    passes none: the row's latency is its own time in the pool and its share the time since the
+    previous row finished, both measured by the engine.
+    """
+    if call_seconds is None:
+        latency, share = output.row_latency_seconds[row], output.row_share_seconds[row]
+    else:
+        latency, share = call_seconds, call_seconds / batch_size
     return {
         "generated_tokens": output.num_generated[row],
         "stopped": output.stopped[row],
@@ -62,9 +76,10 @@ def decoding_fields(output, row: int, seconds: float, batch_size: int) -> dict:
         "steps": output.row_steps[row],
         "positions_evaluated": output.row_positions[row],
         "parallelism": output.parallelism[row],
-        "latency_seconds": seconds,
-        "seconds": seconds / batch_size,
+        "latency_seconds": latency,
+        "seconds": share,
         "batch_size": batch_size,
+        "batching": batching,
     }
 
 
@@ -91,6 +106,7 @@ def summarize_speed(records: list[dict]) -> dict:
     if None not in positions and sum(tokens):
         per_token = sum(positions) / sum(tokens)
     return {
+        "protocol": speed_protocol(timed),
         "timed_examples": len(timed),
         "warmup_examples": len(records) - len(timed),
         "generated_tokens": sum(tokens),

@@ -28,7 +28,9 @@ from setdlm.tracking.results import MODELS_FOLDER as MODELS
 from setdlm.tracking.results import TRAINED_MARKER
 
 # Sample fields that describe how a run went, not what it computed.
-RUN_FIELDS = frozenset({"seconds", "latency_seconds", "batch_size", "code_version", "job_id"})
+RUN_FIELDS = frozenset(
+    {"seconds", "latency_seconds", "batch_size", "batching", "code_version", "job_id"}
+)
 
 
 def result_folders(run: Path) -> dict[str, Path]:

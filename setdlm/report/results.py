@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from setdlm.errors import UserError
+from setdlm.eval.records import speed_protocol
 from setdlm.workflow.layout import model_family
 
 FAMILY_ORDER = ("ar", "mdlm", "bd3lm", "setdlm")
@@ -238,6 +239,15 @@ def format_tau(tau: float | None) -> str:
     if tau is None:
         return "-"
     return f"{tau:g}".replace("e+0", "e").replace("e+", "e")
+
+
+def speed_protocol_of(metrics: dict) -> str:
+    """How a result's speed was timed (results from before the protocol was recorded: from
+    the batch size their run used)."""
+    protocol = (metrics.get("speed") or {}).get("protocol")
+    if protocol is None:
+        protocol = speed_protocol([{"batch_size": (metrics.get("run") or {}).get("batch_size", 1)}])
+    return protocol
 
 
 def hardware_summary(metrics: dict) -> str:

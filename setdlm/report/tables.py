@@ -24,6 +24,7 @@ from setdlm.report.results import (
     Results,
     format_tau,
     hardware_summary,
+    speed_protocol_of,
 )
 from setdlm.report.table import Column, Table, to_csv, to_latex, to_markdown
 
@@ -489,6 +490,9 @@ def _result_notes(points: list[ResultPoint], spec: TableSpec, results: Results) 
         text += f" (timed for speed: {', '.join(map(str, timed))})"
     notes.append(text + ".")
     notes.append("Hardware (ours): " + _grouped(points, hardware_summary) + ".")
+    decoded = [p for p in points if p.metrics.get("speed", {}).get("timed_examples")]
+    if decoded:
+        notes.append("Speed protocol: " + _grouped(decoded, speed_protocol_of) + ".")
     for metric in spec.metrics:  # defined by the points that report it (a table may mix tasks)
         reporting = [p for p in points if metric.name in p.metrics.get("quality", {})]
         if reporting:

@@ -217,6 +217,10 @@ def _plan_model_points(plan: Plan, published: dict, task: str, settings: dict, n
     if isinstance(evaluator, dict):
         inputs["evaluator"] = plan.model_marker(evaluator["model"])
     shared = {key: value for key, value in settings.items() if key not in NOT_PER_POINT}
+    if shared.get("batching") == "auto":
+        # Added after results existed, and batching changes no sample: at its default it leaves
+        # the identity (and so the results computed before it) unchanged.
+        del shared["batching"]
     identity = {
         "task": task,
         "settings": shared,
@@ -255,6 +259,8 @@ def eval_args(task, settings, override, plan, name, model_arg, folder, tau) -> t
         args += ["--data", LIKELIHOOD_TASKS[task], "--samples", settings["samples"]]
         return tuple(str(arg) for arg in args)
     args += ["--threshold", repr(float(tau)), "--warmup", settings["warmup"]]
+    if settings.get("batching", "auto") != "auto":  # auto is setdlm eval's default
+        args += ["--batching", settings["batching"]]
     entry = plan.config["models"][name]
     if entry["family"] == "setdlm":  # W is explicit: the model's, or this task's override
         args += ["--window", override.get("window", entry["window"])]
