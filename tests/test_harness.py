@@ -323,3 +323,22 @@ def test_the_command_line_wrapper(trained_tiny, task_folder, tmp_path):
     results = json.loads(results_file.read_text())["results"]["gsm8k_setdlm_pareto"]
     assert results["sample_len"] == 2
     assert 0.0 <= results["exact_match,strict-match"] <= 1.0
+
+
+@pytest.mark.parametrize("family", ["ar", "bd3lm"])
+def test_continuous_batching_returns_the_texts_of_batch_1_in_request_order(trained_tiny, family):
+    contexts = ["The game was played in", "In 1990", "The river", "She said", "A new", "It"]
+    # one configuration, so that the pool takes them all (one seed per request)
+    requests = [
+        _instance("generate_until", (context, {"max_gen_toks": 8}), i)
+        for i, context in enumerate(contexts)
+    ]
+    one = _lm(trained_tiny, family)
+    pooled = _lm(trained_tiny, family, batch_size=3, batching="continuous")
+    assert pooled.generate_until(requests) == one.generate_until(requests)
+    records = pooled.generation_records
+    assert {(r["batching"], r["batch_size"]) for r in records} == {("continuous", 3)}
+    assert [r["warmup"] for r in records].count(True) == 1
+    assert pooled.speed_summary()["protocol"].startswith("continuous batching, 3 slots")
+    assert one.speed_summary()["protocol"].startswith("batch 1: ")
+    assert _lm(trained_tiny, family, batch_size=3).batching == "static"  # auto, on a CPU

@@ -12,7 +12,8 @@ Model args: ``pretrained`` (a model folder, a key like ``gsm8k:setdlm-smax8`` or
 ``tokenizer`` (default: the checkpoint's own), ``revision``, the decoding knobs ``threshold``
 (τ), ``window`` (SetDLM W), ``block_size`` (MDLM/BD3LM), ``fht_cache_order`` (each default to
 the published checkpoint's paper setting, else to the family default), ``max_new_tokens`` (when
-a request gives no ``max_gen_toks``), ``batch_size``, ``device``, ``seed``, ``mc_samples``
+a request gives no ``max_gen_toks``), ``batch_size``, ``batching`` (auto, static or continuous:
+how generate_until batches, as ``setdlm eval --batching``), ``device``, ``seed``, ``mc_samples``
 (noise draws averaged per log-likelihood), ``greedy_check``, ``warmup`` and ``log_dir``.
 
 generate_until: each request's ``until`` strings stop decoding (on generated text only) and
@@ -57,6 +58,7 @@ from setdlm.eval import gsm8k
 from setdlm.eval.fingerprint import sample_provenance
 from setdlm.eval.paper_decoding import default_stop_cadence
 from setdlm.eval.records import SampleLog, example_seed
+from setdlm.eval.runner import resolve_batching
 from setdlm.eval.timing import decoding_fields, summarize_speed, synchronized_timer
 from setdlm.files import atomic_write_json
 from setdlm.paths import data_dir, data_path
@@ -111,6 +113,7 @@ class SetDLMHarnessLM(LM):
         max_new_tokens: int = DEFAULT_MAX_GEN_TOKS,
         batch_size: int | str | None = 1,
         max_batch_size: int | None = None,  # lm-eval passes it; there is no automatic batch size
+        batching: str = "auto",
         device: str | None = None,
         seed: int = 1234,
         mc_samples: int = 1,
@@ -125,6 +128,7 @@ class SetDLMHarnessLM(LM):
         self.seed, self.warmup = int(seed), int(warmup)
         self.greedy_check = bool(greedy_check)
         self._device = _resolve_device(device)
+        self.batching = resolve_batching(str(batching), self._device, self.batch_size)
         loaded = load_pretrained(str(pretrained), revision)
         self.model = loaded.model.to(self._device).eval()
         self.tokenizer = load_tokenizer(tokenizer) if tokenizer else load_tokenizer_for(loaded)
@@ -186,8 +190,17 @@ class SetDLMHarnessLM(LM):
         ]
         texts: list[str] = []
         bar = progress_bar(len(jobs), "generate_until", unit="request", enabled=not disable_tqdm)
-        for batch in consecutive_batches(jobs, self.batch_size, lambda job: job.config):
-            texts += self._generate(batch)
+        continuous = self.batching == "continuous" and self.batch_size > 1
+        # A pool takes every consecutive request of one configuration; the warm-up requests
+        # go first, in a pool of their own, so that none of the timed ones waits behind them.
+        untimed = max(0, self.warmup - len(self.generation_records)) if continuous else 0
+        size = None if continuous else self.batch_size
+        groups = [
+            *consecutive_batches(jobs[:untimed], size, lambda job: job.config),
+            *consecutive_batches(jobs[untimed:], size, lambda job: job.config),
+        ]
+        for batch in groups:
+            texts += self._generate_pool(batch) if continuous else self._generate(batch)
             bar.update(len(batch))
         bar.close()
         for request, text in zip(requests, texts, strict=True):
@@ -254,28 +267,50 @@ class SetDLMHarnessLM(LM):
             )
         texts = []
         for row, job in enumerate(batch):
-            new_ids = output.new_token_ids[row]
-            text = gsm8k.cut_text(
-                self.tokenizer.decode(new_ids, skip_special_tokens=False), job.cut_at
-            )
-            texts.append(text)
-            record = {
-                "id": job.key,
-                "task": job.task,
-                "doc_id": job.doc_id,
-                "prompt": job.context,
-                "prompt_tokens": len(job.prompt_ids),
-                "output_text": text,
-                "output_ids": new_ids,
-                **decoding_fields(output, row, len(batch), call_seconds=elapsed["seconds"]),
-                "warmup": len(self.generation_records) < self.warmup,
-                "seed": job.seed,
-                **sample_provenance(),
-            }
-            self.generation_records.append(record)
-            if self.log_dir is not None:
-                SampleLog(self.log_dir / "generations.jsonl").append(record)
+            speed = decoding_fields(output, row, len(batch), call_seconds=elapsed["seconds"])
+            texts.append(self._keep(job, output, row, speed))
         return texts
+
+    def _generate_pool(self, batch: list[_Generation]) -> list[str]:
+        """Decode ``batch`` through a pool of ``batch_size`` slots; each request is kept (and
+        logged) as it leaves the pool, and the texts come back in request order."""
+        texts: dict[int, str] = {}
+
+        def finished(i: int, one) -> None:
+            fields = decoding_fields(one, 0, self.batch_size, batching="continuous")
+            texts[i] = self._keep(batch[i], one, 0, fields)
+
+        self.model.generate(
+            [job.prompt_ids for job in batch],
+            batch[0].config,
+            seeds=[job.seed for job in batch],
+            tokenizer=self.tokenizer,
+            batch_size=self.batch_size,
+            on_finished=finished,
+        )
+        return [texts[i] for i in range(len(batch))]
+
+    def _keep(self, job: _Generation, output, row: int, speed: dict) -> str:
+        """Record one request's generation (and log it); return its cut text."""
+        new_ids = output.new_token_ids[row]
+        text = gsm8k.cut_text(self.tokenizer.decode(new_ids, skip_special_tokens=False), job.cut_at)
+        record = {
+            "id": job.key,
+            "task": job.task,
+            "doc_id": job.doc_id,
+            "prompt": job.context,
+            "prompt_tokens": len(job.prompt_ids),
+            "output_text": text,
+            "output_ids": new_ids,
+            **speed,
+            "warmup": len(self.generation_records) < self.warmup,
+            "seed": job.seed,
+            **sample_provenance(),
+        }
+        self.generation_records.append(record)
+        if self.log_dir is not None:
+            SampleLog(self.log_dir / "generations.jsonl").append(record)
+        return text
 
     def speed_summary(self) -> dict:
         """Speed of the generate_until requests so far (warm-up requests excluded)."""
@@ -284,6 +319,7 @@ class SetDLMHarnessLM(LM):
             "family": self.family,
             "decode": self.base_decode.to_dict(),
             "batch_size": self.batch_size,
+            "batching": self.batching,
             "requests": len(self.generation_records),
             **summarize_speed(self.generation_records),
         }
@@ -433,8 +469,9 @@ def request_keys(requests) -> list[str]:
     return keys
 
 
-def consecutive_batches(items: list, size: int, key: Callable) -> Iterable[list]:
-    """Consecutive items sharing ``key``, at most ``size`` at a time (order is kept)."""
+def consecutive_batches(items: list, size: int | None, key: Callable) -> Iterable[list]:
+    """Consecutive items sharing ``key``, at most ``size`` at a time (None: no limit; order is
+    kept)."""
     batch: list = []
     for item in items:
         if batch and (len(batch) == size or key(item) != key(batch[0])):
