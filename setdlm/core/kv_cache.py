@@ -91,9 +91,16 @@ class KVCache:
         positions = positions.to(self.device)
         self._ensure_position_capacity(width + positions.shape[1])
         self.positions[:, width : width + positions.shape[1]] = positions
+        rows, sources, targets = [], [], []  # the moves of every row that is not at width
         for b, count in enumerate(counts):
-            if count and self._host_lengths[b] != width:
-                self._move(b, torch.arange(width, width + count, device=self.device))
+            start = self._host_lengths[b]
+            if count and start != width:
+                rows += [b] * count
+                sources += range(width, width + count)
+                targets += range(start, start + count)
+        if rows:
+            moves = torch.tensor([rows, sources, targets], device=self.device)  # (3, N)
+            self._move(*moves)
         self._set_lengths(
             [length + n for length, n in zip(self._host_lengths, counts, strict=True)]
         )
@@ -105,10 +112,13 @@ class KVCache:
         positions = positions.to(self.device)
         self._ensure_position_capacity(width + positions.shape[1])
         self.positions[:, width : width + positions.shape[1]] = positions
+        keep = keep.to(self.device).bool()
         counts = keep.sum(dim=1).tolist()
-        for b, row_keep in enumerate(keep.to(self.device).bool()):
-            if counts[b]:
-                self._move(b, width + row_keep.nonzero().squeeze(1))
+        rows, inputs = keep.nonzero(as_tuple=True)  # (N,) each, row-major: input order per row
+        rank = keep.long().cumsum(dim=1) - 1  # (B, Q): index of a kept input among its row's
+        targets = self.lengths[rows] + rank[rows, inputs]
+        if len(rows):
+            self._move(rows, width + inputs, targets)
         self._set_lengths(
             [length + n for length, n in zip(self._host_lengths, counts, strict=True)]
         )
@@ -170,14 +180,14 @@ class KVCache:
         self._set_lengths(lengths)
 
     # ----------------------------------------------------------------- internals
-    def _move(self, row: int, sources: torch.Tensor) -> None:
-        """Copy row ``row``'s slots ``sources`` to just after its committed length."""
-        start = self._host_lengths[row]
-        targets = torch.arange(start, start + len(sources), device=self.device)
+    def _move(self, rows: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor) -> None:
+        """Copy slot ``sources[i]`` of row ``rows[i]`` to its slot ``targets[i]``, for every i
+        at once (N,) each: one indexed copy per buffer, whatever the number of rows. The
+        right-hand side is gathered before it is written, so overlapping ranges are safe."""
         for layer in range(self.num_layers):
             for buffer in (self._keys[layer], self._values[layer]):
-                buffer[row, :, targets] = buffer[row, :, sources]
-        self.positions[row, targets] = self.positions[row, sources]
+                buffer[rows, :, targets] = buffer[rows, :, sources]  # (N, H, D) slots
+        self.positions[rows, targets] = self.positions[rows, sources]
 
     def _check_staged(self, needed: int) -> None:
         if needed > self._staged:

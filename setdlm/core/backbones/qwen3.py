@@ -285,17 +285,23 @@ class Qwen3Backbone(nn.Module):
         """cos/sin at each position id, (B, 1, Q, D) each, from a table grown on demand.
 
         HF computes cos(position * inv_freq) elementwise, so a row of the table is bitwise the
-        value HF would compute for that position.
+        value HF would compute for that position. The table starts with the model's
+        ``max_position_embeddings`` rows; only a CPU tensor's largest position is read to grow
+        it further, because on an accelerator that read would wait for the device every forward.
         """
-        needed = int(position_ids.max()) + 1
         table = self._rope_table
+        needed = 0
+        if position_ids.device.type == "cpu":
+            needed = int(position_ids.max()) + 1
         if (
             table is None
             or table[0].shape[0] < needed
             or table[0].device != like.device
             or table[0].dtype != like.dtype
         ):
-            size = max(needed, 1024, 2 * table[0].shape[0] if table is not None else 0)
+            size = max(needed, 1024, self.model.config.max_position_embeddings)
+            if table is not None:
+                size = max(size, 2 * table[0].shape[0])
             positions = torch.arange(size, device=like.device)[None]  # (1, P)
             # a plain tensor even under inference_mode, so a later training forward can use it
             with torch.inference_mode(False), torch.no_grad():

@@ -296,7 +296,7 @@ def _attention(plans, width: int, cache, device) -> torch.Tensor | None:
 
 def _crop_cache(cache, policy, plans, max_tokens: int) -> None:
     """Drop cached slots of rows whose cache plus inputs would exceed the model length."""
-    lengths = cache.lengths.tolist()
+    lengths = cache.lengths_on_host  # no wait for the device
     overflow = [
         length + (len(p.slots) if p is not None else 0) - max_tokens
         for length, p in zip(lengths, plans, strict=True)
