@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from setdlm.core.backbones.base import rows_at
+
 
 class Recomputed:
     def __init__(self, family, use_reference: bool = False):
@@ -24,8 +26,10 @@ class Recomputed:
     def __getattr__(self, name):
         return getattr(self.family, name)
 
-    def decode_forward(self, input_ids, position_ids, attention_mask, cache):
-        cached = self.family.decode_forward(input_ids, position_ids, attention_mask, cache)
+    def decode_forward(self, input_ids, position_ids, attention_mask, cache, outputs_at=None):
+        cached = self.family.decode_forward(
+            input_ids, position_ids, attention_mask, cache, outputs_at=outputs_at
+        )
         if cache is None:
             return cached
         batch, width = input_ids.shape
@@ -39,6 +43,9 @@ class Recomputed:
         self._absorb_commits(cache)
         reference = self._recompute(input_ids, position_ids, attention_mask, cache.width)
         rows = attention_mask.any(dim=-1)  # (B, Q) real inputs
+        if outputs_at is not None:  # compare what the engine asked for: the targets' logits
+            reference = rows_at(reference, outputs_at)
+            rows = rows.gather(1, outputs_at)
         difference = (cached - reference).abs().amax(dim=-1)[rows]
         if difference.numel():
             self.max_difference = max(self.max_difference, difference.max().item())

@@ -73,7 +73,7 @@ class _WidthProbe(Recomputed):
         super().__init__(family)
         self.widths = []
 
-    def decode_forward(self, input_ids, position_ids, attention_mask, cache):
+    def decode_forward(self, input_ids, position_ids, attention_mask, cache, outputs_at=None):
         """Record each row's attended keys: its cached tokens plus its real inputs."""
         inputs = input_ids.shape[1]
         if attention_mask is None:
@@ -81,7 +81,9 @@ class _WidthProbe(Recomputed):
         else:
             real = attention_mask[:, :, cache.width :].any(dim=-1).sum(dim=-1).tolist()
         self.widths += [length + q for length, q in zip(cache.lengths_on_host, real, strict=True)]
-        return self.family.decode_forward(input_ids, position_ids, attention_mask, cache)
+        return self.family.decode_forward(
+            input_ids, position_ids, attention_mask, cache, outputs_at=outputs_at
+        )
 
 
 @pytest.mark.parametrize(

@@ -148,9 +148,12 @@ class Family(nn.Module):
         """The family's order and cache policy for the decoding engine."""
 
     # ------------------------------------------------------------------ shared entry points
-    def decode_forward(self, input_ids, position_ids, attention_mask, cache):
-        """One backbone call made by the decoding engine (time-agnostic conditioning)."""
-        return self.backbone(input_ids, position_ids, attention_mask, cache=cache)
+    def decode_forward(self, input_ids, position_ids, attention_mask, cache, outputs_at=None):
+        """One backbone call made by the decoding engine (time-agnostic conditioning); the
+        logits of the inputs ``outputs_at`` (B, D) only, when given."""
+        return self.backbone(
+            input_ids, position_ids, attention_mask, cache=cache, outputs_at=outputs_at
+        )
 
     @torch.inference_mode()  # one mode for every family: it alone changes speed by ~10%
     def generate(

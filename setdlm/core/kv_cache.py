@@ -25,9 +25,19 @@ import torch
 
 
 class KVCache:
-    def __init__(self, num_layers: int, batch_size: int, device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        num_layers: int,
+        batch_size: int,
+        device: torch.device | str = "cpu",
+        capacity: int = 64,
+    ):
+        """capacity: slots allocated at a layer's first write (the engine passes the longest
+        canvas, so that buffers are allocated once per call instead of growing as they fill);
+        a forward that needs more still grows them."""
         self.num_layers = num_layers
         self.batch_size = batch_size
+        self.capacity = capacity
         self.device = torch.device(device)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.device)  # (B,)
         # The same lengths on the host: read for every layer of every forward, so reading them
@@ -207,7 +217,7 @@ class KVCache:
         capacity = 0 if buffer is None else buffer.shape[2]
         if needed <= capacity:
             return
-        new_capacity = max(needed, 2 * capacity, 64)
+        new_capacity = max(needed, 2 * capacity, self.capacity)
         _, heads, _, head_dim = like.shape  # like: (any batch, H, Q, D), for dtype and sizes
         for store in (self._keys, self._values):
             grown = like.new_zeros(self.batch_size, heads, new_capacity, head_dim)
@@ -218,6 +228,8 @@ class KVCache:
     def _ensure_position_capacity(self, needed: int) -> None:
         capacity = self.positions.shape[1]
         if needed > capacity:
-            grown = self.positions.new_zeros(self.batch_size, max(needed, 2 * capacity, 64))
+            grown = self.positions.new_zeros(
+                self.batch_size, max(needed, 2 * capacity, self.capacity)
+            )
             grown[:, :capacity] = self.positions
             self.positions = grown

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from setdlm.core.backbones.base import additive_attention_mask
+from setdlm.core.backbones.base import additive_attention_mask, rows_at
 from setdlm.core.kv_cache import KVCache
 
 # Sinusoidal timestep features fed to the sigma MLP (official TimestepEmbedder defaults).
@@ -255,7 +255,8 @@ class DiT(nn.Module):
     every key (with a cache: every slot up to ``cache.width``, stale ones included).
     timesteps: (B,) noise level for adaLN models; None = zeros, which is what the official
     denoisers passed. Ignored when ``config.adaln`` is False.
-    Returns (B, Q, vocab_size) logits.
+    outputs_at: (B, D) long inputs whose logits are wanted; None = all.
+    Returns (B, Q, vocab_size) logits, or (B, D, vocab_size) with outputs_at.
     """
 
     def __init__(self, config: DiTConfig):
@@ -284,6 +285,7 @@ class DiT(nn.Module):
         attention_mask: torch.Tensor | None = None,
         cache: KVCache | None = None,
         timesteps: torch.Tensor | None = None,
+        outputs_at: torch.Tensor | None = None,
     ) -> torch.Tensor:
         batch, q_len = input_ids.shape
         x = self.vocab_embed(input_ids)  # (B, Q, C)
@@ -309,4 +311,4 @@ class DiT(nn.Module):
 
         for layer, block in enumerate(self.blocks):
             x = block(x, cos, signed_sin, mask, cond, layer, cache)
-        return self.output_layer(x, cond)  # (B, Q, V)
+        return self.output_layer(rows_at(x, outputs_at), cond)  # (B, Q or D, V)

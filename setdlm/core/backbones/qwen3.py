@@ -44,7 +44,7 @@ from torch import nn
 from transformers import Qwen3Config, Qwen3ForCausalLM
 from transformers.models.qwen3.modeling_qwen3 import repeat_kv, rotate_half
 
-from setdlm.core.backbones.base import additive_attention_mask
+from setdlm.core.backbones.base import additive_attention_mask, rows_at
 from setdlm.core.kv_cache import KVCache
 
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
@@ -244,6 +244,7 @@ class Qwen3Backbone(nn.Module):
         attention_mask: torch.Tensor | None = None,
         cache: KVCache | None = None,
         timesteps: torch.Tensor | None = None,
+        outputs_at: torch.Tensor | None = None,
     ) -> torch.Tensor:
         del timesteps  # Qwen3 has no time conditioning
         decoder = self.model.model
@@ -263,7 +264,8 @@ class Qwen3Backbone(nn.Module):
             normed = rms_norm(layer.input_layernorm, hidden)
             hidden = hidden + self._attention(index, layer.self_attn, normed, cos, sin, mask, cache)
             hidden = hidden + layer.mlp(rms_norm(layer.post_attention_layernorm, hidden))
-        return self.model.lm_head(rms_norm(decoder.norm, hidden))  # (B, Q, V)
+        hidden = rows_at(hidden, outputs_at)  # (B, D, H): only the rows whose logits are used
+        return self.model.lm_head(rms_norm(decoder.norm, hidden))  # (B, Q or D, V)
 
     def _attention(self, index, attn, x, cos, sin, mask, cache: KVCache | None) -> torch.Tensor:
         batch, queries, _ = x.shape

@@ -162,11 +162,13 @@ class _ForwardCounter:
         self.calls = 0
         self.seconds = 0.0
 
-    def __call__(self, input_ids, position_ids, attention_mask, cache):
+    def __call__(self, input_ids, position_ids, attention_mask, cache, outputs_at):
         if self.synchronize:
             torch.cuda.synchronize()
         start = time.perf_counter()
-        logits = self.family.decode_forward(input_ids, position_ids, attention_mask, cache)
+        logits = self.family.decode_forward(
+            input_ids, position_ids, attention_mask, cache, outputs_at=outputs_at
+        )
         if self.synchronize:
             torch.cuda.synchronize()
         self.seconds += time.perf_counter() - start
@@ -194,7 +196,10 @@ def generate(
     rows = [_new_row(b, p, config, mask_id, seeds, device) for b, p in enumerate(prompts)]
     for row in rows:
         policy.setup(row)
-    cache = KVCache(family.num_layers, len(rows), device) if policy.uses_cache else None
+    cache = None
+    if policy.uses_cache:
+        capacity = cache_capacity(family, (len(row.tokens) for row in rows))
+        cache = KVCache(family.num_layers, len(rows), device, capacity)
     forward = _ForwardCounter(family, synchronize_forwards)
 
     prefill = [policy.prefill(row) for row in rows]
@@ -211,6 +216,11 @@ def generate(
     wall = time.perf_counter() - start_wall
     timing = RowTiming(latency=[wall] * len(rows), share=[wall / len(rows)] * len(rows))
     return collect(rows, mask_id, timing, forward.calls, forward.seconds, wall)
+
+
+def cache_capacity(family, canvas_lengths) -> int:
+    """KV slots to allocate once: the longest canvas, at most the model length."""
+    return max(1, min(family.config.length, max(canvas_lengths, default=1)))
 
 
 # --------------------------------------------------------------------------------- internals
@@ -256,7 +266,10 @@ def _step(family, policy, rows, plans, cache, forward, config, stop_rule) -> Non
         row.positions_evaluated += len(slots)
     input_ids, position_ids = torch.tensor(ids), torch.tensor(positions)  # (B, Q) each
     attend = _attention(plans, width, cache, device)
-    logits = forward(input_ids.to(device), position_ids.to(device), attend, cache)  # (B, Q, V)
+    # (B, D): the inputs whose logits predict a target; the LM head runs on these rows only
+    outputs_at = _target_inputs(plans).to(device)
+    # (B, D, V) logits of the targets, rows padded to the most targets (padding reads input 0)
+    logits = forward(input_ids.to(device), position_ids.to(device), attend, cache, outputs_at)
     if cache is not None:
         cache.commit_prefix(num_cached, position_ids)
     committed = _decode_targets(family, rows, plans, logits, config)
@@ -313,22 +326,25 @@ def _crop_cache(cache, policy, plans, max_tokens: int) -> None:
     cache.keep_slots(rank >= extra[:, None])
 
 
-def _decode_targets(family, rows, plans, logits, config: DecodeConfig) -> list[list[int]]:
-    """Pick tokens for every target and commit the confident ones; returns committed slots."""
+def _target_inputs(plans) -> torch.Tensor:
+    """(B, D) long: each row's target inputs, padded to the most targets with input 0 (whose
+    prediction is never used); D = 0 in a forward that only caches."""
+    inputs = [[i for i, _ in p.targets] if p is not None else [] for p in plans]
+    depth = max(len(r) for r in inputs)
+    return torch.tensor([r + [0] * (depth - len(r)) for r in inputs], dtype=torch.long)
+
+
+def _decode_targets(family, rows, plans, target_logits, config: DecodeConfig) -> list[list[int]]:
+    """Pick tokens for every target and commit the confident ones; returns committed slots.
+
+    target_logits: (B, D, V), row b's first len(targets) entries its targets' (the
+    backbone's output at ``_target_inputs``; a tensor of its own, written into).
+    """
     committed: list[list[int]] = [[] for _ in rows]
     counts = [len(p.targets) if p is not None else 0 for p in plans]
     if not any(counts):
         return committed
     mask_id = family.config.mask_token_id
-    if len(rows) == 1:
-        index = torch.tensor([i for i, _ in plans[0].targets], device=logits.device)
-        target_logits = logits[:, index]  # (1, D, V)
-    else:  # rows padded to the most targets; padding reads input 0 and is never used
-        depth = max(counts)
-        inputs = [[i for i, _ in p.targets] if p is not None else [] for p in plans]
-        index = torch.tensor([r + [0] * (depth - len(r)) for r in inputs], device=logits.device)
-        vocab = logits.shape[-1]
-        target_logits = logits.gather(1, index[..., None].expand(-1, -1, vocab))  # (B, D, V)
     target_logits = _apply_processors(target_logits, rows, plans, config, mask_id)
     probs = nucleus_filter(probabilities(target_logits, mask_id), config.top_p)
     generators = [row.generator for row in rows] if config.do_sample else None

@@ -37,6 +37,7 @@ from setdlm.core.decoding.engine import (
     _ForwardCounter,
     _new_row,
     _step,
+    cache_capacity,
     collect,
 )
 from setdlm.core.decoding.stopping import StopRule
@@ -100,6 +101,8 @@ class _Pool:
         self.on_finished: FinishedCallback | None = None
         self.forward: _ForwardCounter | None = None
         size = min(batch_size, len(prompts))
+        budget = 0 if config.max_new_tokens is None else config.max_new_tokens
+        self.capacity = cache_capacity(family, (len(p) + budget for p in prompts))
         self.cache = self._new_cache(size)
         self.rows: list[RowState | None] = [None] * size  # slot b is the cache's row b
         self.waiting = deque(range(len(prompts)))
@@ -191,7 +194,7 @@ class _Pool:
     def _new_cache(self, rows: int) -> KVCache | None:
         if not self.policy.uses_cache:
             return None
-        return KVCache(self.family.num_layers, rows, self.device)
+        return KVCache(self.family.num_layers, rows, self.device, self.capacity)
 
     def _retire(self, b: int) -> None:
         row, self.rows[b] = self.rows[b], None
