@@ -9,13 +9,16 @@ them within one run (absolute CPU speed drifts between minutes on shared machine
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from setdlm.core.decoding import DecodeConfig
 from setdlm.core.family import FAMILIES, ModelConfig, default_schedule
 from setdlm.core.random_weights import redraw_weights
+from setdlm.errors import DataError
 from setdlm.progress import progress_bar
 from setdlm.registry import build_model
 
@@ -214,43 +217,102 @@ def random_prompts(count: int, settings: BenchSettings) -> list[list[int]]:
     ]
 
 
+@dataclass(frozen=True)
+class Workload:
+    """What one family decodes in the batching benchmark."""
+
+    family: str
+    model: object
+    prompts: list[list[int]]
+    config: Callable[[float], DecodeConfig]  # τ -> the decoding settings
+    tokenizer: object = None  # for stop strings; None when the stop rules need no text
+
+
+def random_workloads(settings: BenchSettings, num_prompts: int) -> list[Workload]:
+    """The four families with random weights, on random prompts of varied lengths (no stop
+    rule: every row decodes the whole budget, rows differ only in their NFE at low τ)."""
+    prompts = random_prompts(num_prompts, settings)
+
+    def config_for(family):
+        return lambda threshold: DecodeConfig(
+            max_new_tokens=settings.new_tokens,
+            confidence_threshold=threshold,
+            block_size=settings.mdlm_block if family == "mdlm" else None,
+        )
+
+    return [Workload(f, bench_model(f, settings), prompts, config_for(f)) for f in FAMILIES]
+
+
+def arithmetic_workloads(models_dir: Path, num_prompts: int) -> list[Workload]:
+    """The mini benchmark's trained models (``<run>/models/*-arith``) on its test problems,
+    with the task's own decoding (EOS stop, its budget): rows stop where their solution ends."""
+    from setdlm.checkpoints import load_model
+    from setdlm.data.tokenizers import load_tokenizer
+    from setdlm.eval.arithmetic_task import (
+        ArithmeticSettings,
+        ArithmeticTask,
+        arithmetic_decode_config,
+    )
+
+    folders = sorted(p for p in Path(models_dir).glob("*-arith") if (p / "config.json").exists())
+    if not folders:
+        raise DataError(
+            f"{models_dir}: no trained mini-benchmark model (a '*-arith' folder with a "
+            "config.json); run `make run` first, or leave out --models"
+        )
+    task = ArithmeticTask(ArithmeticSettings(limit=num_prompts))
+    workloads = []
+    for folder in folders:
+        model, tokenizer = load_model(folder).eval(), load_tokenizer(folder)
+        prompts = [example.input_ids for example in task.examples(tokenizer, model)]
+
+        def config_for(threshold, model=model, tokenizer=tokenizer):
+            base = arithmetic_decode_config(model, DecodeConfig(confidence_threshold=threshold))
+            return task.decode_config(base, tokenizer)
+
+        workloads.append(Workload(model.config.family, model, prompts, config_for, tokenizer))
+    return workloads
+
+
 def bench_batching(
-    settings: BenchSettings, batch_sizes: tuple[int, ...], num_prompts: int, log=print
+    workloads: list[Workload],
+    batch_sizes: tuple[int, ...],
+    thresholds: tuple[float, ...],
+    log=print,
 ) -> list[BatchingRow]:
     """Aggregate tok/s of static batches against a continuous-batching pool of the same size,
-    over the same ``num_prompts`` prompts, per family and τ, in one run.
+    over the same prompts, per family and τ, in one run.
 
     Both modes must give every prompt the same tokens (they are checked, and a difference is an
-    error): only the time differs. Each (family, τ) first decodes a few prompts untimed to warm
-    up kernels and allocators.
+    error): only the time differs. Each (family, τ) first decodes a pool's worth of prompts
+    untimed to warm up kernels and allocators.
     """
-    prompts = random_prompts(num_prompts, settings)
     rows = []
     log(BATCHING_HEADER)
-    for family in FAMILIES:
-        model = bench_model(family, settings)
-        for threshold in (1e6,) if family == "ar" else settings.thresholds:
-            config = DecodeConfig(
-                max_new_tokens=settings.new_tokens,
-                confidence_threshold=threshold,
-                block_size=settings.mdlm_block if family == "mdlm" else None,
+    for work in workloads:
+        for threshold in (1e6,) if work.family == "ar" else thresholds:
+            config = work.config(threshold)
+            largest = max(batch_sizes)
+            work.model.generate(
+                work.prompts[:largest], config, tokenizer=work.tokenizer, batch_size=largest
             )
-            model.generate(prompts[: max(batch_sizes)], config, batch_size=max(batch_sizes))
             alone = None
             for size in batch_sizes:
-                static, static_tokens = _static_run(model, prompts, config, family, threshold, size)
+                static, static_tokens = _static_run(work, config, threshold, size)
                 alone = alone or static.tokens_per_second
                 rows.append(static)
                 log(static.line(None, alone))
                 if size == 1:
                     continue
-                output = model.generate(prompts, config, batch_size=size)
+                output = work.model.generate(
+                    work.prompts, config, tokenizer=work.tokenizer, batch_size=size
+                )
                 if output.new_token_ids != static_tokens:
                     raise RuntimeError(
-                        f"{family} τ={threshold} B={size}: continuous batching changed tokens"
+                        f"{work.family} τ={threshold} B={size}: continuous batching changed tokens"
                     )
                 pooled = BatchingRow(
-                    family,
+                    work.family,
                     threshold,
                     size,
                     "continuous",
@@ -263,12 +325,14 @@ def bench_batching(
     return rows
 
 
-def _static_run(model, prompts, config, family, threshold, size):
+def _static_run(work: Workload, config: DecodeConfig, threshold: float, size: int):
     tokens, new_ids, nfe, wall = 0, [], 0, 0.0
-    for start in range(0, len(prompts), size):
-        output = model.generate(prompts[start : start + size], config)
+    for start in range(0, len(work.prompts), size):
+        batch = work.prompts[start : start + size]
+        output = work.model.generate(batch, config, tokenizer=work.tokenizer)
         tokens += sum(output.num_generated)
         new_ids += output.new_token_ids
         nfe += output.nfe
         wall += output.wall_seconds
-    return BatchingRow(family, threshold, size, "static", tokens / wall, nfe, wall), new_ids
+    row = BatchingRow(work.family, threshold, size, "static", tokens / wall, nfe, wall)
+    return row, new_ids

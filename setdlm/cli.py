@@ -179,6 +179,14 @@ def _main(argv: list[str]) -> int:
     )
     decode.add_argument("--batch-sizes", type=BATCH_SIZE, nargs="+", default=[1, 4, 16])
     decode.add_argument("--prompts", type=COUNT, default=256, help="with --continuous")
+    decode.add_argument(
+        "--models",
+        type=Path,
+        default=None,
+        help="with --continuous: a run's models folder (results/runs/tiny/models) whose trained "
+        "mini-benchmark models decode its arithmetic problems; default: random weights and "
+        "random prompts",
+    )
 
     args = parser.parse_args(argv)
     return COMMANDS[args.command](args)
@@ -246,7 +254,13 @@ def _parity(args) -> int:
 
 
 def _bench(args) -> int:
-    from setdlm.bench import BenchSettings, bench_batching, bench_decode
+    from setdlm.bench import (
+        BenchSettings,
+        arithmetic_workloads,
+        bench_batching,
+        bench_decode,
+        random_workloads,
+    )
 
     settings = BenchSettings(
         backbone=args.backbone,
@@ -259,7 +273,11 @@ def _bench(args) -> int:
         repeats=args.repeats,
     )
     if args.continuous:
-        bench_batching(settings, tuple(args.batch_sizes), args.prompts)
+        if args.models is not None:
+            workloads = arithmetic_workloads(args.models, args.prompts)
+        else:
+            workloads = random_workloads(settings, args.prompts)
+        bench_batching(workloads, tuple(args.batch_sizes), tuple(args.thresholds))
     else:
         bench_decode(settings)
     return 0

@@ -10,9 +10,10 @@ pad its forwards with empty rows.
 
 A new row's first forward (its prompt prefill, or AR's first step over the whole prompt) is
 as wide as its prompt, while the other rows feed a few tokens each; run together, every row
-would be padded to the prompt's width. So when rows join a running pool, their first forward
-runs apart, over the new rows only and into a KV cache of their own whose rows are then copied
-into their slots; from their second forward on they decode with the others.
+is padded to the prompt's width. So the new rows' first forward runs apart, over the new rows
+only and into a KV cache of their own whose rows are then copied into their slots; from their
+second forward on they decode with the others. (Measured on the mini benchmark on a CPU: the
+padded forwards cost more than the extra forward saves, for every family and τ.)
 
 Every row keeps its own canvas, window, cache length and generator, exactly as in the static
 engine, and a forward's rows never see each other; so a row's tokens, NFE and confidences are
@@ -79,7 +80,7 @@ def generate_continuous(
         plans = pool.plan_next_forward()
         if not plans:
             break
-        pool.step(pool.rows, plans, pool.cache)
+        pool.step(pool.batch_rows(), plans, pool.cache)
     wall = time.perf_counter() - start
     order = range(len(prompts))
     timing = RowTiming(
@@ -112,7 +113,8 @@ class _Pool:
         self.last_finish = start
 
     def step(self, rows: list[RowState], plans: list[RowInputs], cache) -> None:
-        """One forward of ``rows`` (every one with a plan) through the static engine's step."""
+        """One forward of ``rows`` through the static engine's step (a None plan: the row sits
+        this forward out)."""
         before = self.forward.seconds
         _step(
             self.family, self.policy, rows, plans, cache, self.forward, self.config, self.stop_rule
@@ -120,33 +122,37 @@ class _Pool:
         for row in rows:
             row.forward_seconds += self.forward.seconds - before
 
-    def plan_next_forward(self) -> list[RowInputs]:
+    def plan_next_forward(self) -> list[RowInputs | None]:
         """Fill free slots, retire rows with nothing left to do, and return one plan per row of
-        ``self.rows`` (empty when every prompt is done)."""
+        ``self.rows`` (empty when every prompt is done; None for a slot left idle)."""
+        plans: dict[int, RowInputs] = {}  # slot -> the inputs of its row's next forward
         while True:
             self._admit_into_free_slots()
-            plans, retired = self._plan_rows()
-            if not (retired and self.waiting):
+            for b, row in enumerate(self.rows):
+                if row is None or b in plans:
+                    continue
+                inputs = self._next_inputs(row)
+                if inputs is None:
+                    self._retire(b)
+                else:
+                    plans[b] = inputs
+            if not (self.waiting and any(row is None for row in self.rows)):
                 break
-        active = [b for b, row in enumerate(self.rows) if row is not None]
-        if len(active) < len(self.rows):  # nothing waits any more: shrink the batch
-            if self.cache is not None and active:
-                self.cache.keep_rows(active)
-            self.rows = [self.rows[b] for b in active]
-            plans = [plans[b] for b in active]
-        return plans
+        fresh = [b for b in plans if self.rows[b].forwards == 0]
+        if fresh and len(fresh) < len(plans) and self.cache is not None:
+            self._first_forward_apart(fresh, plans)
+        if not self.waiting:  # finished rows leave the batch: later forwards are narrower
+            active = [b for b, row in enumerate(self.rows) if row is not None]
+            if len(active) < len(self.rows):
+                if self.cache is not None and active:
+                    self.cache.keep_rows(active)
+                self.rows = [self.rows[b] for b in active]
+                plans = {i: plans[b] for i, b in enumerate(active) if b in plans}
+        return [plans.get(b) for b in range(len(self.rows))] if plans else []
 
-    def _plan_rows(self) -> tuple[list[RowInputs | None], bool]:
-        plans: list[RowInputs | None] = [None] * len(self.rows)
-        retired = False
-        for b, row in enumerate(self.rows):
-            if row is None:
-                continue
-            plans[b] = self._next_inputs(row)
-            if plans[b] is None:
-                self._retire(b)
-                retired = True
-        return plans, retired
+    def batch_rows(self) -> list[RowState]:
+        """The rows of the next forward, one per cache row (an empty slot: an idle row)."""
+        return [row if row is not None else _idle_row() for row in self.rows]
 
     def _next_inputs(self, row: RowState) -> RowInputs | None:
         if not row.prefilled:
@@ -161,9 +167,9 @@ class _Pool:
         return inputs
 
     def _admit_into_free_slots(self) -> None:
-        free = [b for b, row in enumerate(self.rows) if row is None]
-        new = []
-        for b in free[: len(self.waiting)]:
+        for b, row in enumerate(self.rows):
+            if row is not None or not self.waiting:
+                continue
             index = self.waiting.popleft()
             row = _new_row(
                 index, self.prompts[index], self.config, self.mask_id, self.seeds, self.device
@@ -173,23 +179,21 @@ class _Pool:
             if self.cache is not None:
                 self.cache.reset_row(b)
             self.rows[b] = row
-            new.append(b)
-        running = any(row is not None for b, row in enumerate(self.rows) if b not in new)
-        if new and running and self.cache is not None:
-            self._first_forward_apart(new)
 
-    def _first_forward_apart(self, slots: list[int]) -> None:
-        """Run the first forward of the rows just admitted into ``slots``, over those rows only,
-        and copy the cache they wrote into their slots."""
+    def _first_forward_apart(self, slots: list[int], plans: dict[int, RowInputs]) -> None:
+        """Run the planned first forward of the rows in ``slots`` over those rows only, copy the
+        cache they wrote into their slots, and plan their next forward (with the others)."""
         rows = [self.rows[b] for b in slots]
-        plans = [self._next_inputs(row) for row in rows]
-        taking_part = [i for i, inputs in enumerate(plans) if inputs is not None]
-        if not taking_part:  # nothing to decode (no budget): retired at the next planning
-            return
-        rows = [rows[i] for i in taking_part]
         own_cache = self._new_cache(len(rows))
-        self.step(rows, [plans[i] for i in taking_part], own_cache)
-        self.cache.adopt_rows([slots[i] for i in taking_part], own_cache)
+        self.step(rows, [plans[b] for b in slots], own_cache)
+        self.cache.adopt_rows(slots, own_cache)
+        for b in slots:
+            inputs = self._next_inputs(self.rows[b])
+            if inputs is None:  # done in one forward: its slot idles until the next forward
+                del plans[b]
+                self._retire(b)
+            else:
+                plans[b] = inputs
 
     def _new_cache(self, rows: int) -> KVCache | None:
         if not self.policy.uses_cache:
@@ -209,3 +213,18 @@ class _Pool:
                 [row], self.mask_id, timing, row.forwards, row.forward_seconds, timing.latency[0]
             )
             self.on_finished(row.index, one)
+
+
+def _idle_row() -> RowState:
+    """A placeholder for an empty slot: it has nothing to decode and takes part in no forward."""
+    return RowState(
+        index=-1,
+        tokens=[],
+        positions=[],
+        generated=[],
+        prompt_length=0,
+        infill=False,
+        generator=None,
+        done=True,
+        prefilled=True,
+    )
