@@ -160,6 +160,13 @@ def _main(argv: list[str]) -> int:
 
     bench = commands.add_parser("bench", help="benchmarks")
     bench_commands = bench.add_subparsers(dest="bench", required=True)
+    real_size = bench_commands.add_parser(
+        "real-size",
+        help="the GSM8K checkpoints' architecture (Qwen3-1.7B, bf16) with random weights: every "
+        "family decodes a few tokens on this machine (nothing downloaded; about 4 min on 2 CPUs)",
+    )
+    real_size.add_argument("--tokenizer", default=None, help="default: the data folder's qwen3")
+    real_size.add_argument("--new-tokens", type=COUNT, default=6)
     decode = bench_commands.add_parser(
         "decode", help="decode the same prompts with all four families on one tiny backbone"
     )
@@ -254,6 +261,14 @@ def _parity(args) -> int:
 
 
 def _bench(args) -> int:
+    if args.bench == "real-size":
+        from setdlm.data.tokenizers import load_tokenizer
+        from setdlm.paths import data_path
+        from setdlm.real_size import real_size_smoke
+
+        tokenizer = load_tokenizer(args.tokenizer or data_path("tokenizers", "qwen3"))
+        real_size_smoke(tokenizer, args.new_tokens)
+        return 0
     from setdlm.bench import (
         BenchSettings,
         arithmetic_workloads,

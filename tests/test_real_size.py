@@ -1,0 +1,36 @@
+"""The published GSM8K checkpoints' architecture at its real size (Qwen3-1.7B: 28 layers, a
+151,936-token vocabulary, bf16), random weights, every family decoding through the engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from setdlm.data.tokenizers import load_tokenizer
+from setdlm.real_size import QWEN3_1_7B, real_size_smoke
+
+
+def _parameters(arch: dict) -> int:
+    """Qwen3's parameter count from its config (tied embedding, no attention bias)."""
+    hidden, heads, kv, head = (
+        arch["hidden_size"],
+        arch["num_attention_heads"],
+        arch["num_key_value_heads"],
+        arch["head_dim"],
+    )
+    attention = hidden * heads * head * 2 + hidden * kv * head * 2 + 2 * head
+    layer = attention + 3 * hidden * arch["intermediate_size"] + 2 * hidden
+    return arch["vocab_size"] * hidden + arch["num_hidden_layers"] * layer + hidden
+
+
+@pytest.mark.slow
+def test_every_family_decodes_at_the_published_size_in_bf16(data_dir):
+    tokenizer = load_tokenizer(data_dir / "tokenizers" / "qwen3")
+    lines = []
+    rows = real_size_smoke(tokenizer, new_tokens=4, log=lines.append)
+    assert [row.family for row in rows] == ["ar", "mdlm", "bd3lm", "setdlm"]
+    for row in rows:
+        assert row.parameters == _parameters(QWEN3_1_7B), row  # 1.72 B: the real architecture
+        assert row.dtypes == ("torch.bfloat16",), row
+        assert 1 <= row.tokens <= 4 and row.nfe >= row.tokens, row
+        assert row.pool_tokens >= row.tokens, row  # the pool's copy of the question matched
+    assert len(lines) == 1 + len(rows) and "GiB" in lines[-1]
