@@ -167,6 +167,16 @@ def _main(argv: list[str]) -> int:
     )
     real_size.add_argument("--tokenizer", default=None, help="default: the data folder's qwen3")
     real_size.add_argument("--new-tokens", type=COUNT, default=6)
+    gpu = bench_commands.add_parser(
+        "gpu",
+        help="the prepared accelerator check: copy bandwidth, forward latency against tokens "
+        "per forward, tok/s per family at batch 1 and pooled, against the bandwidth bound",
+    )
+    gpu.add_argument("--device", default="cuda")
+    gpu.add_argument("--size", choices=("real", "tiny"), default="real")
+    gpu.add_argument("--batch-size", type=BATCH_SIZE, default=16)
+    gpu.add_argument("--compile", action="store_true", help="also with torch.compile")
+    gpu.add_argument("--out", type=Path, default=None, help="also write the figures as JSON")
     decode = bench_commands.add_parser(
         "decode", help="decode the same prompts with all four families on one tiny backbone"
     )
@@ -261,6 +271,21 @@ def _parity(args) -> int:
 
 
 def _bench(args) -> int:
+    if args.bench == "gpu":
+        from setdlm.bench_gpu import GpuCheckSettings, check_gpu
+        from setdlm.files import atomic_write_json
+
+        report = check_gpu(
+            GpuCheckSettings(
+                device=args.device,
+                size=args.size,
+                batch_size=args.batch_size,
+                compile=args.compile,
+            )
+        )
+        if args.out is not None:
+            atomic_write_json(args.out, report)
+        return 0
     if args.bench == "real-size":
         from setdlm.data.tokenizers import load_tokenizer
         from setdlm.paths import data_path

@@ -56,6 +56,23 @@ OFFICIAL_ARCHITECTURE = {"ar": "AR", "mdlm": "MDLM", "bd3lm": "BD3LM", "setdlm":
 
 
 @dataclass(frozen=True)
+class TokenIds:
+    eos: int
+    mask: int
+    vocab: int  # the tokenizer's size
+
+    @classmethod
+    def of(cls, tokenizer) -> TokenIds:
+        mask = tokenizer.convert_tokens_to_ids("<|fim_middle|>")
+        return cls(eos=tokenizer.eos_token_id, mask=mask, vocab=len(tokenizer))
+
+
+# The Qwen3 tokenizer's (data/tokenizers/qwen3): <|im_end|>, <|fim_middle|>, its size; for a
+# machine without the data folder.
+QWEN3_TOKENS = TokenIds(eos=151645, mask=151660, vocab=151669)
+
+
+@dataclass(frozen=True)
 class SmokeRow:
     family: str
     parameters: int
@@ -81,17 +98,15 @@ HEADER = (
 )
 
 
-def official_config(family: str, tokenizer) -> dict:
+def official_config(family: str, ids: TokenIds) -> dict:
     """The official ``config.json`` of a GSM8K checkpoint of ``family`` (architecture only)."""
-    mask = tokenizer.convert_tokens_to_ids("<|fim_middle|>")
-    eos = tokenizer.eos_token_id
     tokens = {
-        "bos_token_id": eos,
-        "eos_token_id": eos,
-        "mask_token_id": mask,
-        "pad_token_id": eos,
+        "bos_token_id": ids.eos,
+        "eos_token_id": ids.eos,
+        "mask_token_id": ids.mask,
+        "pad_token_id": ids.eos,
         "pad_vocab_size_multiple": 1,
-        "vocab_size": len(tokenizer),
+        "vocab_size": ids.vocab,
     }
     config = {
         "architectures": [OFFICIAL_ARCHITECTURE[family]],
@@ -128,21 +143,22 @@ def official_config(family: str, tokenizer) -> dict:
     return config
 
 
-def build_real_size(family: str, tokenizer, dtype=torch.bfloat16):
+def build_real_size(family: str, ids: TokenIds, dtype=torch.bfloat16, device="cpu"):
     """The family's GSM8K architecture with random weights in ``dtype``, via the official
-    loader's config path."""
+    loader's config path, built directly on ``device``."""
     from setdlm.checkpoints import config_from_official
     from setdlm.registry import build_model
 
     with tempfile.TemporaryDirectory() as folder:
         (Path(folder) / "qwen3_backbone").mkdir()
         (Path(folder) / "qwen3_backbone" / "config.json").write_text(json.dumps(QWEN3_1_7B))
-        config = config_from_official(official_config(family, tokenizer), Path(folder))
+        config = config_from_official(official_config(family, ids), Path(folder))
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # built in bf16 directly: half the memory of a cast
     try:
         torch.manual_seed(0)
-        model = build_model(config)
+        with torch.device(device):
+            model = build_model(config)
     finally:
         torch.set_default_dtype(previous)
     return model.eval()
@@ -155,7 +171,7 @@ def real_size_smoke(tokenizer, new_tokens: int = 6, families=None, log=print) ->
     log(HEADER)
     for family in families or OFFICIAL_ARCHITECTURE:
         start = time.perf_counter()
-        model = build_real_size(family, tokenizer)
+        model = build_real_size(family, TokenIds.of(tokenizer))
         built = time.perf_counter() - start
         config = DecodeConfig(
             max_new_tokens=new_tokens,

@@ -1,0 +1,42 @@
+"""The prepared GPU check runs end to end (here on the CPU with the tiny model), so that a
+session lent an accelerator spends its minutes measuring, not debugging."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from setdlm.bench_gpu import GpuCheckSettings, check_gpu
+from setdlm.errors import UserError
+
+
+@pytest.mark.slow
+def test_the_gpu_check_measures_every_family_against_the_bandwidth_bound():
+    settings = GpuCheckSettings(
+        device="cpu",
+        size="tiny",
+        batch_size=4,
+        prompts=6,
+        prompt_tokens=16,
+        new_tokens=8,
+        widths=(1, 8),
+        copy_megabytes=64,
+    )
+    lines = []
+    report = check_gpu(settings, log=lines.append)
+    assert report["bandwidth_bytes_per_second"] > 0
+    assert [row["tokens"] for row in report["forward_latency"]] == [1, 8]
+    rows = report["families"]
+    assert [(r["family"], r["batch_size"]) for r in rows] == [
+        (family, size) for family in ("ar", "mdlm", "bd3lm", "setdlm") for size in (1, 4)
+    ]
+    for row in rows:
+        assert "error" not in row, row
+        assert row["tokens_per_second"] > 0 and row["bandwidth_bound_percent"] > 0, row
+    assert any(line.startswith("copy bandwidth:") for line in lines)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_without_a_gpu_the_check_says_how_to_try_it():
+    with pytest.raises(UserError, match="--device cpu --size tiny"):
+        check_gpu(GpuCheckSettings())
