@@ -47,8 +47,8 @@ def check_gpu(settings: GpuCheckSettings = GpuCheckSettings(), log=print) -> dic
     device = torch.device(settings.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(
-            "setdlm bench gpu: no CUDA device here; to try the script on this machine pass "
-            "--device cpu --size tiny"
+            f"--device {settings.device}: no CUDA device here; to try the script on this "
+            "machine pass --device cpu --size tiny"
         )
     bandwidth = copy_bandwidth(device, settings.copy_megabytes)
     log(f"copy bandwidth: {bandwidth / 1e9:.1f} GB/s ({device}, {_device_name(device)})")

@@ -271,29 +271,34 @@ def _parity(args) -> int:
 
 
 def _bench(args) -> int:
-    if args.bench == "gpu":
-        from setdlm.bench_gpu import GpuCheckSettings, check_gpu
-        from setdlm.files import atomic_write_json
+    run = {"gpu": _bench_gpu, "real-size": _bench_real_size, "decode": _bench_decode}
+    return run[args.bench](args)
 
-        report = check_gpu(
-            GpuCheckSettings(
-                device=args.device,
-                size=args.size,
-                batch_size=args.batch_size,
-                compile=args.compile,
-            )
-        )
-        if args.out is not None:
-            atomic_write_json(args.out, report)
-        return 0
-    if args.bench == "real-size":
-        from setdlm.data.tokenizers import load_tokenizer
-        from setdlm.paths import data_path
-        from setdlm.real_size import real_size_smoke
 
-        tokenizer = load_tokenizer(args.tokenizer or data_path("tokenizers", "qwen3"))
-        real_size_smoke(tokenizer, args.new_tokens)
-        return 0
+def _bench_gpu(args) -> int:
+    from setdlm.bench_gpu import GpuCheckSettings, check_gpu
+    from setdlm.files import atomic_write_json
+
+    settings = GpuCheckSettings(
+        device=args.device, size=args.size, batch_size=args.batch_size, compile=args.compile
+    )
+    report = check_gpu(settings)
+    if args.out is not None:
+        atomic_write_json(args.out, report)
+    return 0
+
+
+def _bench_real_size(args) -> int:
+    from setdlm.data.tokenizers import load_tokenizer
+    from setdlm.paths import data_path
+    from setdlm.real_size import real_size_smoke
+
+    tokenizer = load_tokenizer(args.tokenizer or data_path("tokenizers", "qwen3"))
+    real_size_smoke(tokenizer, args.new_tokens)
+    return 0
+
+
+def _bench_decode(args) -> int:
     from setdlm.bench import (
         BenchSettings,
         arithmetic_workloads,
