@@ -7,7 +7,8 @@ least how many commits (k). The engine does everything else, once, for every fam
 
 - builds the batched inputs (rows padded to a common width; padding is masked out) and the
   attention mask over [cached slots | inputs];
-- runs the backbone and counts the forward (NFE is counted, never configured);
+- runs the backbone, its final norm and LM head on the targets' inputs only, and counts the
+  forward (NFE is counted, never configured);
 - commits the chosen inputs' keys/values to the per-row KV cache and drops the rest;
 - applies the logits processors to all targets at once, masks the mask token, picks tokens
   (greedy or sampled from the row's own generator) and their confidences, and commits the k
@@ -16,7 +17,8 @@ least how many commits (k). The engine does everything else, once, for every fam
   at its stop point.
 
 A row's tokens never depend on the other rows of its batch: each row has its own window,
-cache length and generator.
+cache length and generator. ``generate`` decodes one static batch; ``pool.py`` drives the same
+step for continuous batching.
 """
 
 from __future__ import annotations
