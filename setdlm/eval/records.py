@@ -78,13 +78,16 @@ def config_hash(values: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+BATCH_1 = "batch 1"  # how the protocol of a batch-1 run starts
+
+
 def speed_protocol(records: list[dict]) -> str:
     """How sample records were timed, in words that say what their tokens/s compares with
     (records without batching fields, written before they existed, were static batches)."""
     sizes = sorted({r.get("batch_size", 1) for r in records})
     kinds = sorted({r.get("batching", "static") for r in records})
     if sizes == [1]:
-        return "batch 1: per-example tok/s comparable with the paper's batch-1 speed"
+        return f"{BATCH_1}: per-example tok/s comparable with the paper's batch-1 speed"
     largest = sizes[-1]
     if kinds == ["continuous"]:
         way = f"continuous batching, {largest} slots"

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from setdlm.errors import UserError
-from setdlm.eval.records import speed_protocol
+from setdlm.eval.records import BATCH_1, speed_protocol
 from setdlm.workflow.layout import model_family
 
 FAMILY_ORDER = ("ar", "mdlm", "bd3lm", "setdlm")
@@ -63,6 +63,8 @@ class ResultPoint:
     size: int | None  # BD3LM S or SetDLM smax M; None for AR and MDLM
     tau: float | None  # the decoding's confidence threshold; None where it does not apply
     metrics: dict = field(repr=False, compare=False)
+    # throughput.json: the paper's separate batch-1 protocol, when the point ran it
+    throughput: dict | None = field(default=None, repr=False, compare=False)
 
     @property
     def key(self) -> str:
@@ -85,6 +87,18 @@ class ResultPoint:
 
     def speed(self, name: str) -> float | None:
         return self.metrics.get("speed", {}).get(name)
+
+    def batch1_speed(self) -> tuple[float, float | None] | None:
+        """Mean (and std) per-example tok/s under the paper's batch-1 protocol: the run's own
+        when it decoded at batch 1, else its separate paper-protocol timing (throughput.json),
+        else None: a batched run's per-example tok/s are under load, not the paper's number."""
+        if speed_protocol_of(self.metrics).startswith(BATCH_1):
+            mean = self.speed("tokens_per_second_mean")
+            return None if mean is None else (mean, self.speed("tokens_per_second_std"))
+        if self.throughput and self.throughput.get("tokens_per_second_mean") is not None:
+            paper = self.throughput
+            return paper["tokens_per_second_mean"], paper.get("tokens_per_second_std")
+        return None
 
     def sort_key(self) -> tuple:
         # τ from large to small: the sweep goes from one token per step to the fastest point.
@@ -146,7 +160,14 @@ def read_point(folder: Path, metrics_path: Path) -> ResultPoint:
     _check_task(metrics_path, task, metrics)
     family, size = _parse_model(metrics_path, model, metrics)
     tau = _parse_point(metrics_path, point, family, metrics)
-    return ResultPoint(task, model, point, family, size, tau, metrics)
+    throughput_path = folder / "throughput.json"
+    throughput = None
+    if throughput_path.exists():
+        try:
+            throughput = json.loads(throughput_path.read_text())
+        except ValueError as error:
+            raise ResultLayoutError(f"{throughput_path}: not valid JSON ({error})") from None
+    return ResultPoint(task, model, point, family, size, tau, metrics, throughput)
 
 
 def _check_task(path: Path, task: str, metrics: dict) -> None:

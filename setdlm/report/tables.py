@@ -385,11 +385,11 @@ def _published_cells(reference, point: ResultPoint | None) -> dict:
         return {"published": "no published number"}
     ours = {}
     if point is not None:
-        speed = point.metrics.get("speed", {})
+        batch1 = point.batch1_speed()  # a batched run's tok/s is not the paper's number
         ours = {
             "accuracy": _scaled(point.quality("paper_exact"), 100.0),
-            "tokens_per_second": speed.get("tokens_per_second_mean"),
-            "parallelism": speed.get("parallelism_mean"),
+            "tokens_per_second": None if batch1 is None else batch1[0],
+            "parallelism": point.speed("parallelism_mean"),
         }
     status = "not run here" if point is None else _agreement(point, reference)
     if not reference.tau_recorded and reference.tau is not None:
