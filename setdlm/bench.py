@@ -4,6 +4,10 @@ Reports, per family and confidence threshold τ: tokens/s, counted NFE, parallel
 mean time per backbone forward, and the engine overhead, the share of decoding wall time spent
 outside backbone forwards. Figures are medians over repeats after one warm-up run; compare
 them within one run (absolute CPU speed drifts between minutes on shared machines).
+
+``bench_batching`` (``setdlm bench decode --continuous``) compares static batches with a
+continuous-batching pool of the same size on the same prompts: random models and prompts, or
+the mini benchmark's trained models on their arithmetic problems (``--models``).
 """
 
 from __future__ import annotations
