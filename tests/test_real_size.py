@@ -32,5 +32,5 @@ def test_every_family_decodes_at_the_published_size_in_bf16(data_dir):
         assert row.parameters == _parameters(QWEN3_1_7B), row  # 1.72 B: the real architecture
         assert row.dtypes == ("torch.bfloat16",), row
         assert 1 <= row.tokens <= 4 and row.nfe >= row.tokens, row
-        assert row.pool_tokens >= row.tokens, row  # the pool's copy of the question matched
+        assert row.pool_tokens >= row.tokens, row  # the pool decoded its three prompts
     assert len(lines) == 1 + len(rows) and "GiB" in lines[-1]
