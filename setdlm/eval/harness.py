@@ -58,7 +58,7 @@ from setdlm.eval import gsm8k
 from setdlm.eval.fingerprint import sample_provenance
 from setdlm.eval.paper_decoding import default_stop_cadence
 from setdlm.eval.records import SampleLog, example_seed
-from setdlm.eval.runner import resolve_batching
+from setdlm.eval.runner import pooled, resolve_batching
 from setdlm.eval.timing import decoding_fields, summarize_speed, synchronized_timer
 from setdlm.files import atomic_write_json
 from setdlm.paths import data_dir, data_path
@@ -190,7 +190,7 @@ class SetDLMHarnessLM(LM):
         ]
         texts: list[str] = []
         bar = progress_bar(len(jobs), "generate_until", unit="request", enabled=not disable_tqdm)
-        continuous = self.batching == "continuous" and self.batch_size > 1
+        continuous = pooled(self.batching, self.batch_size)
         # A pool takes every consecutive request of one configuration; the warm-up requests
         # go first, in a pool of their own, so that none of the timed ones waits behind them.
         untimed = max(0, self.warmup - len(self.generation_records)) if continuous else 0

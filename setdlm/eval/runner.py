@@ -108,7 +108,12 @@ class RunSettings:
 
     @property
     def continuous(self) -> bool:
-        return self.batching == "continuous" and self.batch_size > 1
+        return pooled(self.batching, self.batch_size)
+
+
+def pooled(batching: str, batch_size: int) -> bool:
+    """Whether examples go through a continuous-batching pool (a pool of one slot is batch 1)."""
+    return batching == "continuous" and batch_size > 1
 
 
 def generation_identity(

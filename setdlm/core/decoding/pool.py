@@ -102,7 +102,8 @@ class _Pool:
         self.on_finished: FinishedCallback | None = None
         self.forward: _ForwardCounter | None = None
         size = min(batch_size, len(prompts))
-        budget = 0 if config.max_new_tokens is None else config.max_new_tokens
+        # infilling prompts hold their masks already: an upper bound, capped at the model length
+        budget = config.max_new_tokens
         self.capacity = cache_capacity(family, (len(p) + budget for p in prompts))
         self.cache = self._new_cache(size)
         self.rows: list[RowState | None] = [None] * size  # slot b is the cache's row b
