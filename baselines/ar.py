@@ -5,10 +5,12 @@ config -> mask (causal) -> loss (next-token cross-entropy) -> decoding policy (n
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from setdlm.core import masks
-from setdlm.core.decoding import DecodeConfig, OrderPolicy, RowInputs, RowState
+from setdlm.core.decoding import OrderPolicy, PolicyOptions, RowInputs, RowState
 from setdlm.core.family import Family, per_sequence_mean
 from setdlm.core.outputs import LossOutput
 
@@ -38,14 +40,19 @@ class AR(Family):
         loss = per_sequence_mean(nlls, token_mask.sum(dim=-1))
         return LossOutput(loss, nlls, token_mask, {"target_log_probs": target_log_probs})
 
-    def decode_policy(self, config: DecodeConfig, **options) -> OrderPolicy:
-        if options:
-            raise ValueError(f"AR decoding takes no policy options, got {sorted(options)}")
-        return NextTokenPolicy(self, config)
+
+@dataclass(frozen=True)
+class NextTokenOptions(PolicyOptions):
+    """The next-token policy has no knobs."""
+
+    name = "next-token"
+    flat_identity = True
 
 
 class NextTokenPolicy(OrderPolicy):
     """Prefill the prompt causally; then feed the newest token, cache it, predict the next."""
+
+    Options = NextTokenOptions
 
     def setup(self, row: RowState) -> None:
         if row.infill:

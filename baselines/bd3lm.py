@@ -7,13 +7,28 @@ vectorized 2L forward) -> decoding policy (blocks with a KV cache).
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from dataclasses import dataclass, field
 
 import torch
 
-from baselines.mdlm import MDLM, _step_quota, block_end_stop_check, decode_blocks, uniform
+from baselines.mdlm import (
+    MDLM,
+    BlockState,
+    block_end_stop_check,
+    decode_blocks,
+    step_quota,
+    uniform,
+)
 from setdlm.core import masks
-from setdlm.core.decoding import DecodeConfig, OrderPolicy, RowInputs, RowState, StopCheck
+from setdlm.core.decoding import (
+    DecodeConfig,
+    OrderPolicy,
+    PolicyOptions,
+    RowInputs,
+    RowState,
+    StopCheck,
+)
+from setdlm.core.decoding.config import check_size
 from setdlm.core.decoding.sampling import tokens_per_step
 from setdlm.core.outputs import LossOutput
 
@@ -72,10 +87,25 @@ class BD3LM(MDLM):
             padded[:, 0] = ids[:, 0]
         return padded[:, :length]
 
-    def decode_policy(self, config: DecodeConfig, **options) -> OrderPolicy:
-        if options:
-            raise ValueError(f"BD3LM decoding takes no policy options, got {sorted(options)}")
-        return BlockCachePolicy(self, config)
+
+@dataclass(frozen=True)
+class BlockCacheOptions(PolicyOptions):
+    name = "block-cache"
+    flat_identity = True
+    block_size: int | None = None  # decoding block; None: the trained block size S
+    # Cache a finished block inside the next block's first forward (saves one NFE per block).
+    fused_block_cache: bool = True
+
+    def __post_init__(self):
+        check_size("block_size", self.block_size)
+
+
+@dataclass
+class BlockCacheState(BlockState):
+    pending: list[int] = field(default_factory=list)  # a finished block not yet cached
+    sending_pending: bool = False  # the planned forward caches ``pending``
+    cache_only: bool = False  # the planned forward only caches (fused_block_cache off)
+    predicted: int = 0  # the row's forwards with predictions, at the last observe
 
 
 class BlockCachePolicy(OrderPolicy):
@@ -83,21 +113,16 @@ class BlockCachePolicy(OrderPolicy):
     block (bidirectionally) and commits its most confident masked positions. A finished block
     enters the cache in the next block's first forward (fused), or in a forward of its own."""
 
-    def __init__(self, family, config: DecodeConfig):
-        super().__init__(family, config)
-        self.block = config.block_size or family.config.block_size
+    Options = BlockCacheOptions
+
+    def __init__(self, family, config: DecodeConfig, options=None):
+        super().__init__(family, config, options)
+        self.block = self.options.block_size or family.config.block_size
 
     def setup(self, row: RowState) -> None:
-        row.policy = SimpleNamespace(
-            blocks=decode_blocks(row, self.block, self.config),
-            current=0,
-            step=0,
-            pending=[],  # a finished block not yet cached
-            sending_pending=False,
-            cache_only=False,
-            per_step=tokens_per_step(self.block, self.config.num_steps),
-            finished_end=None,  # end slot of a block the last forward finished
-            predicted=0,  # the row's forwards with predictions, at the last observe
+        row.policy = BlockCacheState(
+            decode_blocks(row, self.block, self.config),
+            tokens_per_step(self.block, self.config.num_steps),
         )
 
     def prefill(self, row: RowState) -> RowInputs | None:
@@ -120,7 +145,7 @@ class BlockCachePolicy(OrderPolicy):
             return None  # the last block is never cached: nothing would read it
         pending = state.pending
         state.sending_pending = bool(pending)
-        state.cache_only = bool(pending) and not self.config.fused_block_cache
+        state.cache_only = bool(pending) and not self.options.fused_block_cache
         if state.cache_only:
             return RowInputs(pending, None, len(pending))  # a finished block sees itself whole
         block = state.blocks[state.current]
@@ -130,7 +155,7 @@ class BlockCachePolicy(OrderPolicy):
         )
         targets = [(len(pending) + i, s) for i, s in enumerate(block) if row.tokens[s] == mask_id]
         return RowInputs(
-            pending + block, attend, len(pending), targets, k=_step_quota(state), ranked=block
+            pending + block, attend, len(pending), targets, k=step_quota(state), ranked=block
         )
 
     def observe(self, row: RowState, committed: list[int]) -> None:

@@ -6,12 +6,20 @@ config -> mask (bidirectional) -> loss (SUBS NELBO, one t per sequence) -> decod
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from dataclasses import dataclass
 
 import torch
 
 from setdlm.core import masks
-from setdlm.core.decoding import DecodeConfig, OrderPolicy, RowInputs, RowState, StopCheck
+from setdlm.core.decoding import (
+    DecodeConfig,
+    OrderPolicy,
+    PolicyOptions,
+    RowInputs,
+    RowState,
+    StopCheck,
+)
+from setdlm.core.decoding.config import check_size
 from setdlm.core.decoding.sampling import tokens_per_step
 from setdlm.core.family import Family, per_sequence_mean, subs_log_probs
 from setdlm.core.outputs import LossOutput
@@ -95,10 +103,26 @@ class MDLM(Family):
         extras = {"t": t, "x_t": x_t, "target_log_probs": target_log_probs}
         return LossOutput(loss, nlls, token_mask, extras)
 
-    def decode_policy(self, config: DecodeConfig, **options) -> OrderPolicy:
-        if options:
-            raise ValueError(f"MDLM decoding takes no policy options, got {sorted(options)}")
-        return SemiAutoregressivePolicy(self, config)
+
+@dataclass(frozen=True)
+class SemiAutoregressiveOptions(PolicyOptions):
+    name = "semi-ar"
+    flat_identity = True
+    block_size: int | None = None  # decoding block; None: the whole model length
+
+    def __post_init__(self):
+        check_size("block_size", self.block_size)
+
+
+@dataclass
+class BlockState:
+    """Where a row is in its decoding blocks (semi-AR MDLM and the block policies)."""
+
+    blocks: list[list[int]]  # canvas slots of each decoding block, left to right
+    per_step: list[int]  # tokens each step of a block must commit at least
+    current: int = 0  # index of the block being decoded
+    step: int = 0  # steps taken in the current block
+    finished_end: int | None = None  # end slot of a block the last forward finished
 
 
 class SemiAutoregressivePolicy(OrderPolicy):
@@ -106,11 +130,12 @@ class SemiAutoregressivePolicy(OrderPolicy):
     canvas (padded with mask tokens up to the model length, as in training) that decodes the
     current block's most confident masked positions. Nothing is cached."""
 
+    Options = SemiAutoregressiveOptions
     uses_cache = False
 
-    def __init__(self, family, config: DecodeConfig):
-        super().__init__(family, config)
-        self.block = config.block_size or family.config.length
+    def __init__(self, family, config: DecodeConfig, options=None):
+        super().__init__(family, config, options)
+        self.block = self.options.block_size or family.config.length
         self.length = family.config.length
 
     def setup(self, row: RowState) -> None:
@@ -125,13 +150,7 @@ class SemiAutoregressivePolicy(OrderPolicy):
             # opens is decoded as well. A budget that does not end on a block boundary then
             # yields more tokens (and forwards) than max_new_tokens; they count as generated.
             row.generated = [s for block in blocks for s in block if s >= row.prompt_length]
-        row.policy = SimpleNamespace(
-            blocks=blocks,
-            current=0,
-            step=0,
-            per_step=tokens_per_step(self.block, self.config.num_steps),
-            finished_end=None,  # end slot of a block the last forward finished
-        )
+        row.policy = BlockState(blocks, tokens_per_step(self.block, self.config.num_steps))
 
     def plan(self, row: RowState) -> RowInputs | None:
         state = row.policy
@@ -148,7 +167,7 @@ class SemiAutoregressivePolicy(OrderPolicy):
         first = max(0, min(end, len(row.tokens)) - self.length) if end > self.length else 0
         slots = list(range(first, min(first + self.length, len(row.tokens))))
         targets = [(s - first, s) for s in masked]
-        return RowInputs(slots, None, 0, targets, k=_step_quota(state), ranked=block)
+        return RowInputs(slots, None, 0, targets, k=step_quota(state), ranked=block)
 
     def observe(self, row: RowState, committed: list[int]) -> None:
         del committed
@@ -210,6 +229,6 @@ def uniform(shape, generator: torch.Generator | None, device) -> torch.Tensor:
     return torch.rand(shape, generator=generator, device=source).to(device)
 
 
-def _step_quota(state) -> int:
+def step_quota(state: BlockState) -> int:
     """Tokens the current step must commit at least (the linear schedule; 1 when exhausted)."""
     return state.per_step[state.step] if state.step < len(state.per_step) else 1

@@ -20,11 +20,12 @@ from pathlib import Path
 import torch
 
 from setdlm.core.decoding import DecodeConfig
-from setdlm.core.family import FAMILIES, ModelConfig, default_schedule
+from setdlm.core.family import ModelConfig, default_schedule
 from setdlm.core.random_weights import redraw_weights
 from setdlm.errors import DataError
+from setdlm.families import FAMILY_NAMES, build_model, with_knobs
+from setdlm.families import family as family_info
 from setdlm.progress import progress_bar
-from setdlm.registry import build_model
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,20 @@ HEADER = (
 )
 
 
+def thresholds_of(family: str, thresholds: tuple[float, ...]) -> tuple[float, ...]:
+    """The τ a family is benchmarked at: one point for a left-to-right family, which commits
+    one token per forward whatever τ is."""
+    return (1e6,) if family_info(family).left_to_right else thresholds
+
+
+def bench_decode_config(family: str, settings: BenchSettings, threshold: float) -> DecodeConfig:
+    """The benchmarks' decoding: the budget, τ, and the family's "bench" knobs (MDLM in
+    semi-AR blocks of ``settings.mdlm_block``)."""
+    base = DecodeConfig(max_new_tokens=settings.new_tokens, confidence_threshold=threshold)
+    knobs = family_info(family).decoding_knobs("bench", {"mdlm_block": settings.mdlm_block})
+    return with_knobs(base, family, **knobs)
+
+
 def bench_model(family: str, settings: BenchSettings):
     """A randomly initialized model whose predictions are peaked enough for τ to matter."""
     torch.manual_seed(settings.seed)
@@ -103,7 +118,7 @@ def _config(family: str, settings: BenchSettings) -> ModelConfig:
                 "rope_theta": 1e6,
                 "tie_word_embeddings": True,
             },
-            "use_causal_mask": family == "ar",
+            "use_causal_mask": family_info(family).dit["causal_attention"],
             "attn_implementation": "sdpa",
         }
     else:
@@ -128,7 +143,7 @@ def _config(family: str, settings: BenchSettings) -> ModelConfig:
         eos_token_id=2,
         backbone_kind=settings.backbone,
         backbone=backbone,
-        block_size=settings.block_size if family == "bd3lm" else None,
+        block_size=settings.block_size if "block_size" in family_info(family).settings else None,
         schedule=schedule,
     )
 
@@ -145,20 +160,15 @@ def bench_decode(settings: BenchSettings = BenchSettings(), log=print) -> list[B
     rows = []
     log(HEADER)
     decodes = sum(
-        (1 if family == "ar" else len(settings.thresholds)) * (settings.repeats + 1)
-        for family in FAMILIES
+        len(thresholds_of(family, settings.thresholds)) * (settings.repeats + 1)
+        for family in FAMILY_NAMES
     )
     bar = progress_bar(decodes, "bench decode", unit="decode")
     say = bar.write if log is print else log  # lines above the bar, not through it
-    for family in FAMILIES:
+    for family in FAMILY_NAMES:
         model = bench_model(family, settings)
-        thresholds = (1e6,) if family == "ar" else settings.thresholds
-        for threshold in thresholds:
-            config = DecodeConfig(
-                max_new_tokens=settings.new_tokens,
-                confidence_threshold=threshold,
-                block_size=settings.mdlm_block if family == "mdlm" else None,
-            )
+        for threshold in thresholds_of(family, settings.thresholds):
+            config = bench_decode_config(family, settings, threshold)
             runs = []
             for _ in range(settings.repeats + 1):
                 runs.append(model.generate(prompts.tolist(), config))
@@ -238,13 +248,9 @@ def random_workloads(settings: BenchSettings, num_prompts: int) -> list[Workload
     prompts = random_prompts(num_prompts, settings)
 
     def config_for(family):
-        return lambda threshold: DecodeConfig(
-            max_new_tokens=settings.new_tokens,
-            confidence_threshold=threshold,
-            block_size=settings.mdlm_block if family == "mdlm" else None,
-        )
+        return lambda threshold: bench_decode_config(family, settings, threshold)
 
-    return [Workload(f, bench_model(f, settings), prompts, config_for(f)) for f in FAMILIES]
+    return [Workload(f, bench_model(f, settings), prompts, config_for(f)) for f in FAMILY_NAMES]
 
 
 def arithmetic_workloads(models_dir: Path, num_prompts: int) -> list[Workload]:
@@ -294,7 +300,7 @@ def bench_batching(
     rows = []
     log(BATCHING_HEADER)
     for work in workloads:
-        for threshold in (1e6,) if work.family == "ar" else thresholds:
+        for threshold in thresholds_of(work.family, thresholds):
             config = work.config(threshold)
             largest = max(batch_sizes)
             work.model.generate(

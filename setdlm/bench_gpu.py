@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from setdlm.core.decoding import DecodeConfig
-from setdlm.core.family import FAMILIES
+from setdlm.bench import BenchSettings, bench_decode_config
 from setdlm.errors import UserError
+from setdlm.families import FAMILY_NAMES
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def check_gpu(settings: GpuCheckSettings = GpuCheckSettings(), log=print) -> dic
     generator = torch.Generator().manual_seed(0)
     families = []
     header_due = True
-    for index, family in enumerate(FAMILIES):
+    for index, family in enumerate(FAMILY_NAMES):
         model = _model(family, settings)
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         if index == 0:
@@ -152,10 +152,8 @@ def _line(row: dict) -> str:
 
 
 def _throughput(family, model, prompts, settings, weight_bytes, bandwidth) -> list[dict]:
-    config = DecodeConfig(
-        max_new_tokens=settings.new_tokens,
-        confidence_threshold=0.9,
-        block_size=32 if family == "mdlm" else None,
+    config = bench_decode_config(
+        family, BenchSettings(new_tokens=settings.new_tokens, mdlm_block=32), threshold=0.9
     )
     rows = []
     for size in (1, settings.batch_size):
@@ -205,7 +203,7 @@ def _model(family: str, settings: GpuCheckSettings):
 
         return build_real_size(family, QWEN3_TOKENS, device=settings.device)
     if settings.size == "tiny":
-        from setdlm.bench import BenchSettings, bench_model
+        from setdlm.bench import bench_model
 
         return bench_model(family, BenchSettings()).to(settings.device)
     raise UserError(f"--size must be real or tiny, got {settings.size!r}")

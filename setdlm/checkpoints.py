@@ -19,10 +19,13 @@ from safetensors.torch import load_file, save_file
 from setdlm.core.family import Family, ModelConfig
 from setdlm.core.schedules import LinearSchedule, StaggeredSchedule
 from setdlm.errors import UserError
+from setdlm.families import FAMILIES, build_model
+from setdlm.families import family as family_info
 from setdlm.files import atomic_write_json, fsync_dir, sha256_file
 
 MODEL_FORMAT = "setdlm-model/1"
-OFFICIAL_ARCHITECTURES = {"AR": "ar", "MDLM": "mdlm", "BD3LM": "bd3lm", "SetDLM": "setdlm"}
+# The official config.json names the family by its class, which is the family's title.
+OFFICIAL_ARCHITECTURES = {info.title: name for name, info in FAMILIES.items()}
 # Buffers the official code rebuilds at load time instead of saving (or saves needlessly).
 DERIVED_TENSORS = ("static_attention_mask",)
 
@@ -56,6 +59,7 @@ def config_from_official(config: dict, folder: Path) -> ModelConfig:
     else:
         raise CheckpointError(f"{source}: unsupported backbone _target_ {target!r}")
     tokens = config.get("tokenization_config") or {}
+    info = family_info(family)
     return ModelConfig(
         family=family,
         length=int(config["length"]),
@@ -66,19 +70,19 @@ def config_from_official(config: dict, folder: Path) -> ModelConfig:
         eos_token_id=config.get("eos_token_id"),
         backbone_kind=kind,
         backbone=dataclasses.asdict(typed),
-        block_size=int(config["block_size"]) if family == "bd3lm" else None,
+        block_size=int(config["block_size"]) if "block_size" in info.settings else None,
         schedule=_schedule_from_official(config.get("noise_config"), source)
-        or _default_linear(family),
+        or _default_linear(info.schedule),
         keep_clean_bos=bool(config.get("keep_clean_bos") or False),
         train_on_context=bool(config.get("train_on_context") or False),
     )
 
 
-def _default_linear(family: str) -> LinearSchedule | None:
+def _default_linear(kind: str | None) -> LinearSchedule | None:
     """The schedule of an MDLM/BD3LM config saved without one: the official loader attaches
     a LinearNoise to the legacy (mdlm/bd3lms) checkpoints instead of saving it (one block over
     the model length for MDLM, which is the plain schedule)."""
-    return LinearSchedule() if family in ("mdlm", "bd3lm") else None
+    return LinearSchedule() if kind == "linear" else None
 
 
 def _schedule_from_official(noise: dict | None, source: str):
@@ -100,7 +104,6 @@ def _schedule_from_official(noise: dict | None, source: str):
 
 def load_official(folder: str | Path, **overrides) -> Family:
     """Build the family described by ``folder/config.json`` and load its weights."""
-    from setdlm.registry import build_model
 
     folder = Path(folder)
     try:
@@ -247,7 +250,6 @@ def save_model(model: Family, folder: str | Path) -> Path:
 
 def load_model(folder: str | Path) -> Family:
     """A model saved by ``save_model`` or an official checkpoint folder, in eval mode."""
-    from setdlm.registry import build_model
 
     folder = Path(folder)
     config_path = folder / "config.json"

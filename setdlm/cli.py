@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from setdlm.errors import ArgumentParser, report
+from setdlm.families import FAMILY_NAMES
 from setdlm.paths import DataNotFoundError
 from setdlm.progress import QUIET_ENV
 from setdlm.validation import (
@@ -24,6 +25,7 @@ from setdlm.validation import (
     option,
     raise_for,
 )
+from setdlm.zoo import LEGACY_FAMILIES
 
 
 def _parse_threads(text: str) -> int:
@@ -77,9 +79,7 @@ def _main(argv: list[str]) -> int:
         default=None,
         help="training steps per family",
     )
-    tiny.add_argument(
-        "--families", nargs="+", default=None, choices=("ar", "mdlm", "bd3lm", "setdlm")
-    )
+    tiny.add_argument("--families", nargs="+", default=None, choices=FAMILY_NAMES)
 
     parity = commands.add_parser(
         "parity", help="check exact parity with the official code on fixture folders"
@@ -95,7 +95,7 @@ def _main(argv: list[str]) -> int:
         "running none of the code its pickle names",
     )
     legacy.add_argument("checkpoint", type=Path, help="the .ckpt file")
-    legacy.add_argument("--family", choices=("ar", "mdlm"), required=True)
+    legacy.add_argument("--family", choices=LEGACY_FAMILIES, required=True)
     legacy.add_argument("--out", type=Path, required=True, help="model folder to write")
     legacy.add_argument("--heads", type=int, default=None, help="attention heads (default 12)")
     legacy.add_argument("--length", type=int, default=None, help="model length (default 1024)")
@@ -212,14 +212,14 @@ def _main(argv: list[str]) -> int:
 def _tiny(args) -> int:
     from dataclasses import replace
 
-    from setdlm.tiny import FAMILIES, TinySettings, run_tiny
+    from setdlm.tiny import TinySettings, run_tiny
     from setdlm.train.preemption import EXIT_PREEMPTED, Preempted
 
     settings = TinySettings()
     if args.steps is not None:
         settings = replace(settings, steps=args.steps)
     try:
-        run_tiny(args.out, settings, tuple(args.families or FAMILIES))
+        run_tiny(args.out, settings, tuple(args.families or FAMILY_NAMES))
     except Preempted as stop:
         print(f"setdlm tiny: {stop}", file=sys.stderr, flush=True)
         return EXIT_PREEMPTED
@@ -351,6 +351,7 @@ def _generate(args) -> int:
     from setdlm.core.decoding import DecodeConfig
     from setdlm.data.tokenizers import load_tokenizer
     from setdlm.eval.commands import decoding_option_errors, tokenizer_option_errors
+    from setdlm.families import with_knobs
     from setdlm.zoo import load_pretrained, load_tokenizer_for
 
     if not args.prompt.strip():
@@ -360,7 +361,8 @@ def _generate(args) -> int:
         )
     loaded = load_pretrained(args.model)
     length = loaded.model.config.length
-    raise_for(decoding_option_errors(loaded.model, args.model, args.window, args.block_size))
+    knobs = {"window": args.window, "block_size": args.block_size}
+    raise_for(decoding_option_errors(loaded.model, args.model, knobs))
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else load_tokenizer_for(loaded)
     raise_for(tokenizer_option_errors(tokenizer, loaded.model))
     spec = loaded.spec
@@ -375,19 +377,18 @@ def _generate(args) -> int:
     # By default as many new tokens as fit, at most 64.
     budget = args.max_new_tokens or min(64, length - len(prompt))
     raise_for(budget_errors(budget, length, "--max-new-tokens", len(prompt)))
-    default_block = spec.mdlm_block if spec is not None else None
     config = DecodeConfig(
         max_new_tokens=budget,
         confidence_threshold=args.threshold,
-        window=args.window or (spec.window if spec is not None else None),
-        block_size=args.block_size
-        or (default_block if loaded.model.config.family == "mdlm" else None),
-        fht_cache_order=bool(spec and spec.fht_cache_order),
         do_sample=args.sample,
         top_p=args.top_p,
         repetition_penalty=args.repetition_penalty,
         eos_token_ids=(tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else (),
     )
+    family = loaded.model.config.family
+    # A published checkpoint decodes with its paper knobs unless an option says otherwise.
+    config = with_knobs(config, family, **(spec.decode_knobs() if spec is not None else {}))
+    config = with_knobs(config, family, window=args.window, block_size=args.block_size)
     output = loaded.model.generate([prompt], config, seeds=[args.seed])
     print(tokenizer.decode(output.new_token_ids[0]))
     print(

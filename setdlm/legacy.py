@@ -35,6 +35,9 @@ import torch
 from setdlm.checkpoints import CheckpointError
 from setdlm.core.backbones.dit import DiTConfig
 from setdlm.core.family import ModelConfig, default_schedule
+from setdlm.families import build_model
+from setdlm.families import family as family_info
+from setdlm.zoo import LEGACY_FAMILIES
 
 OWT_HEADS, OWT_LENGTH, OWT_COND_DIM = 12, 1024, 128
 GPT2_EOS = 50256
@@ -101,17 +104,20 @@ def legacy_state(checkpoint: dict, path: Path) -> dict[str, torch.Tensor]:
 
 def legacy_config(state: dict[str, torch.Tensor], family: str, path: Path, **sizes) -> ModelConfig:
     """The model the weights describe (shapes) plus what the official loader forces."""
-    if family not in ("ar", "mdlm"):
-        raise CheckpointError(f"{path}: legacy checkpoints are AR or MDLM, not {family!r}")
+    if family not in LEGACY_FAMILIES:
+        raise CheckpointError(
+            f"{path}: legacy checkpoints are {' or '.join(LEGACY_FAMILIES)}, not {family!r}"
+        )
+    recipe = family_info(family).dit  # the OWT recipe: adaLN for MDLM, causal attention for AR
     try:
         vocab, hidden = state["backbone.vocab_embed.embedding"].shape
     except KeyError:
         raise CheckpointError(f"{path}: no backbone.vocab_embed.embedding (not a DiT)") from None
     layers = len({m[1] for k in state if (m := re.match(r"backbone\.blocks\.(\d+)\.", k))})
     adaln = "backbone.blocks.0.adaLN_modulation.weight" in state
-    if adaln != (family == "mdlm"):
+    if adaln != recipe["adaln"]:
         raise CheckpointError(
-            f"{path}: a {family} legacy model has adaLN {'on' if family == 'mdlm' else 'off'}, "
+            f"{path}: a {family} legacy model has adaLN {'on' if recipe['adaln'] else 'off'}, "
             f"but these weights have it {'on' if adaln else 'off'}"
         )
     cond = state.get("backbone.sigma_map.mlp.0.weight")
@@ -124,7 +130,7 @@ def legacy_config(state: dict[str, torch.Tensor], family: str, path: Path, **siz
         cond_dim=int(cond.shape[0]) if cond is not None else OWT_COND_DIM,
         adaln=adaln,
         length=length,
-        causal_attention=family == "ar",
+        causal_attention=recipe["causal_attention"],
     )
     mask = int(vocab) - 1
     eos = int(sizes.get("eos_token_id") or GPT2_EOS)
@@ -146,7 +152,6 @@ def legacy_config(state: dict[str, torch.Tensor], family: str, path: Path, **siz
 def load_lightning(path: str | Path, family: str, use_ema: bool = True, **sizes):
     """A family model (eval mode) from a legacy ``.ckpt``: EMA weights by default."""
     from setdlm.checkpoints import load_state
-    from setdlm.registry import build_model
 
     path = Path(path)
     checkpoint = read_lightning(path)

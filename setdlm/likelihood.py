@@ -14,12 +14,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-WHAT_IS_MEASURED = {
-    "ar": "exact NLL",
-    "mdlm": "NELBO (upper bound on NLL), one t per sequence",
-    "bd3lm": "NELBO (upper bound on NLL), one t per block",
-    "setdlm": "NLL of one sampled staggered order (upper bound on NLL)",
-}
+from setdlm.families import family as family_info
 
 
 @dataclass(frozen=True)
@@ -66,8 +61,9 @@ def summarize(terms: list[dict], family: str, num_samples: int = 1) -> Likelihoo
     if total_tokens == 0:
         raise ValueError("no token was counted: every sequence was padding or context")
     nll = total_nll / total_tokens
-    measured = WHAT_IS_MEASURED[family]
-    if num_samples > 1 and family != "ar":
+    info = family_info(family)
+    measured = info.likelihood
+    if num_samples > 1 and not info.likelihood_exact:  # a bound or an order: draws averaged
         measured += f", averaged over {num_samples} Monte-Carlo draws"
     return LikelihoodResult(
         nll=nll,

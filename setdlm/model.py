@@ -7,12 +7,21 @@ tokens committed in one step enter the KV cache in the next step's forward).
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
 from setdlm.core import masks
-from setdlm.core.decoding import DecodeConfig, OrderPolicy, RowInputs, RowState, StopCheck
+from setdlm.core.decoding import (
+    DecodeConfig,
+    OrderPolicy,
+    PolicyOptions,
+    RowInputs,
+    RowState,
+    StopCheck,
+)
+from setdlm.core.decoding.config import check_size
 from setdlm.core.decoding.sampling import tokens_per_step
 from setdlm.core.family import SUBS_MASKED_LOGIT, Family, per_sequence_mean
 from setdlm.core.outputs import LossOutput
@@ -85,8 +94,38 @@ class SetDLM(Family):
             return token_mask
         return targets.gather(1, order)[:, start:].float()
 
-    def decode_policy(self, config: DecodeConfig, **options) -> OrderPolicy:
-        return SlidingWindowPolicy(self, config, **options)
+
+@dataclass(frozen=True)
+class SlidingWindowOptions(PolicyOptions):
+    name = "sliding-window"
+    flat_identity = True
+    window: int | None = None  # W; None: the schedule's d (the paper's setting)
+    # Infilling: cache both contexts before decoding ("full", the paper's setting, the
+    # official cache_full_infill_context=true), or the left one only ("prefix", the official
+    # default): visible tokens between masked spans then enter the cache once decoding has
+    # passed them (the official l2r promotion), and the right context after the last span is
+    # never seen.
+    infill_cache: Literal["full", "prefix"] = "full"
+    # Tokens committed in one step enter the cache in a sampled first-hitting order.
+    fht_cache_order: bool = False
+
+    def __post_init__(self):
+        check_size("window", self.window)
+        if self.infill_cache not in ("full", "prefix"):
+            raise ValueError(f"infill_cache must be 'full' or 'prefix', got {self.infill_cache!r}")
+
+
+@dataclass
+class WindowState:
+    """Where a row is in its sliding-window decoding."""
+
+    per_step: list[int]  # tokens each step must commit at least
+    hitting: dict[int, float] | None  # slot -> first-hitting time (fht_cache_order), or None
+    pending: list[int] = field(default_factory=list)  # committed last step, not cached yet
+    leftmost: int = 0  # index into row.generated of the leftmost mask
+    step: int = 0  # sampler steps taken (forwards that predicted)
+    # visible or committed slots in the cache, or promoted to it
+    flagged: set[int] = field(default_factory=set)
 
 
 class SlidingWindowPolicy(OrderPolicy):
@@ -99,28 +138,25 @@ class SlidingWindowPolicy(OrderPolicy):
     recording); otherwise they are drawn from the row's generator when fht_cache_order is on.
     """
 
-    def __init__(self, family, config: DecodeConfig, first_hitting_times=None):
-        super().__init__(family, config)
+    Options = SlidingWindowOptions
+
+    def __init__(self, family, config: DecodeConfig, options=None, first_hitting_times=None):
+        super().__init__(family, config, options)
         schedule = family.config.schedule
-        self.window = min(schedule.window_size(), config.window or schedule.d)
-        self.crop_by_position = config.fht_cache_order
+        self.window = min(schedule.window_size(), self.options.window or schedule.d)
+        self.crop_by_position = self.options.fht_cache_order
         self.first_hitting_times = first_hitting_times
 
     def setup(self, row: RowState) -> None:
         hitting = None
-        if self.config.fht_cache_order:
+        if self.options.fht_cache_order:
             if self.first_hitting_times is not None:
                 times = list(self.first_hitting_times[row.index])
             else:
                 times = self._sample_hitting_times(len(row.generated), row.generator)
             hitting = dict(zip(row.generated, times, strict=True))
-        row.policy = SimpleNamespace(
-            pending=[],  # committed (or promoted) at the previous step, not cached yet
-            leftmost=0,  # index into row.generated of the leftmost mask
-            step=0,
-            per_step=tokens_per_step(len(row.generated), self.config.num_steps),
-            hitting=hitting,
-            flagged=set(),  # visible or committed slots in the cache, or promoted to it
+        row.policy = WindowState(
+            tokens_per_step(len(row.generated), self.config.num_steps), hitting
         )
 
     def _sample_hitting_times(self, count: int, generator) -> list[float]:
@@ -143,7 +179,7 @@ class SlidingWindowPolicy(OrderPolicy):
         contexts (``infill_cache="full"``) or the left one only (``"prefix"``)."""
         mask_id = self.family.config.mask_token_id
         end = row.prompt_length
-        if row.infill and self.config.infill_cache == "prefix":
+        if row.infill and self.options.infill_cache == "prefix":
             end = row.generated[0]
         context = [s for s in range(end) if row.tokens[s] != mask_id]
         context = context[-self.family.config.length :]
@@ -185,7 +221,7 @@ class SlidingWindowPolicy(OrderPolicy):
             state.pending = sorted(committed)
         else:  # as in training, ties within a set are broken by first-hitting time
             state.pending = sorted(committed, key=lambda s: (-state.hitting[s], s))
-        if row.infill and self.config.infill_cache == "prefix":
+        if row.infill and self.options.infill_cache == "prefix":
             self._promote(row, cached_now + committed)
 
     def _promote(self, row: RowState, passed: list[int]) -> None:

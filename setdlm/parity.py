@@ -33,10 +33,13 @@ from setdlm.checkpoints import config_from_official, load_state, read_weights
 from setdlm.core import masks
 from setdlm.core.decoding import DecodeConfig
 from setdlm.core.schedules import LinearSchedule, StaggeredSchedule
-from setdlm.registry import build_model
+from setdlm.families import build_model, with_knobs
+from setdlm.families import family as family_info
 
 LOGITS_ATOL = 1e-6
 LOSS_RTOL = 1e-5
+# The policies whose canvas runs on to the model length, padded (as the official MDLM's).
+MASK_PADDED_CANVAS = ("semi-ar",)
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,7 @@ def _backbone_logits(case, model, folder, reference, strict) -> Check:
     allowed = recorded.get(call.get("attention_key") or "", None)
     if allowed is not None and allowed.ndim == 4:
         allowed = allowed[:, 0].bool()
-    elif model.config.family == "ar":
+    elif family_info(model.config.family).dit["causal_attention"]:
         # The official AR backbones run causally and ignore the (B, L) padding mask they get.
         allowed = masks.causal_mask(length).expand(batch, -1, -1)
     else:
@@ -155,18 +158,19 @@ def _loss(case, model, reference, key, strict) -> list[Check]:
     }
     if inputs.get("context_mask") is not None:
         batch["context_mask"] = torch.tensor(inputs["context_mask"])
-    family = model.config.family
-    randomness = {}
-    if family in ("mdlm", "bd3lm"):
+    schedule = family_info(model.config.family).schedule
+    randomness = {}  # the recorded noise of the family's loss: t and x_t, or the order
+    if schedule == "linear":
         randomness = {"t": torch.tensor(inputs["t"]), "x_t": torch.tensor(recorded["x_t"])}
-    elif family == "setdlm":
+    elif schedule == "staggered":
         randomness = {"order": torch.tensor(recorded["perm_indices"])}
     exact_model = _in_float64(model).train(model.training)
     with torch.no_grad():
         ours = model.loss(batch, randomness=randomness)
         exact = exact_model.loss(batch, randomness=randomness)
     mode = recorded["mode"]
-    log_probs_key = "target_logprobs_permuted_order" if family == "setdlm" else "target_logprobs"
+    ordered = schedule == "staggered"  # log-probs recorded in the sampled order
+    log_probs_key = "target_logprobs_permuted_order" if ordered else "target_logprobs"
     quantities = [
         ("loss", ours.loss, exact.loss, recorded["loss"]),
         ("per-token nlls", ours.nlls, exact.nlls, recorded["nlls"]),
@@ -206,13 +210,15 @@ def decode_config_from_official(
     Settings our official_compat decoding does not reproduce are refused by name.
     """
     passed = run["generation_config_passed"]
-    if family in ("mdlm", "bd3lm") and passed.get("align_inputs_to_blocks") is False:
-        raise ValueError("MDLM/BD3LM decoding is reproduced with align_inputs_to_blocks=true only")
+    policy = family_info(family).default_policy
+    if "block_size" in policy.knobs and passed.get("align_inputs_to_blocks") is False:
+        raise ValueError("block decoding is reproduced with align_inputs_to_blocks=true only")
     pad = passed.get("pad_token_id")
-    if family == "mdlm" and mask_token_id is not None and pad is not None and pad != mask_token_id:
+    padded = policy.name in MASK_PADDED_CANVAS
+    if padded and mask_token_id is not None and pad is not None and pad != mask_token_id:
         raise ValueError(
-            f"MDLM decoding is reproduced with the canvas padded by the mask token only "
-            f"(pad_token_id={pad}, mask={mask_token_id})"
+            f"{policy.name} decoding is reproduced with the canvas padded by the mask token "
+            f"only (pad_token_id={pad}, mask={mask_token_id})"
         )
     overrides = run.get("model_config_overrides") or {}
     processors = run.get("logits_processor") or []
@@ -227,19 +233,21 @@ def decode_config_from_official(
         raise ValueError("only the predict_and_noise sampler without first_hitting is supported")
     prefix_only = passed.get("cache_full_infill_context") is False
     promotion = passed.get("setdlm_infill_cache_promotion_order", "l2r")
-    if family == "setdlm" and prefix_only and promotion != "l2r":
+    if "infill_cache" in policy.knobs and prefix_only and promotion != "l2r":
         raise ValueError(
-            f"SetDLM prefix-only infilling is reproduced with l2r promotion only, not {promotion!r}"
+            f"prefix-only infilling is reproduced with l2r promotion only, not {promotion!r}"
         )
+    knobs = {  # the official settings, by the names of our policies' knobs
+        "block_size": passed.get("block_size"),
+        "window": passed.get("max_window_size"),
+        "fht_cache_order": bool(overrides.get("setdlm_fht_cache_order", False)),
+        "infill_cache": "prefix" if prefix_only else "full",
+        "fused_block_cache": passed.get("fused_block_cache") in (None, True),
+    }
     config = DecodeConfig(
         max_new_tokens=int(run["max_new_tokens"]),
         confidence_threshold=float(passed.get("confidence_threshold", 1e6)),
         num_steps=passed.get("num_steps"),
-        block_size=passed.get("block_size") if family in ("mdlm", "bd3lm") else None,
-        window=passed.get("max_window_size"),
-        fht_cache_order=bool(overrides.get("setdlm_fht_cache_order", False)),
-        infill_cache="prefix" if prefix_only else "full",
-        fused_block_cache=passed.get("fused_block_cache") in (None, True),
         do_sample=bool(passed.get("do_sample", False)),
         top_p=float(passed.get("nucleus_p", 1.0)),
         repetition_penalty=repetition,
@@ -247,6 +255,7 @@ def decode_config_from_official(
         stop_cadence="official",
         official_compat=True,
     )
+    config = with_knobs(config, family, **{k: v for k, v in knobs.items() if k in policy.knobs})
     options = {}
     if run.get("first_hitting_times") is not None:
         options["first_hitting_times"] = run["first_hitting_times"]
@@ -259,7 +268,8 @@ def _generation(case, model, run) -> list[Check]:
         config, options = decode_config_from_official(
             run, model.config.family, model.config.mask_token_id
         )
-        if model.config.family == "ar" and model.config.backbone_kind == "qwen3":
+        left_to_right = family_info(model.config.family).left_to_right
+        if left_to_right and model.config.backbone_kind == "qwen3":
             # The official AR runs transformers' generate, which stops at the backbone
             # config's EOS (it merges it into the generation config).
             eos = model.config.backbone["architecture"].get("eos_token_id")

@@ -53,9 +53,9 @@ class PublishedSeries:
     points: tuple[PublishedPoint, ...]
 
 
-def _series(family, size, label, rows, tau_recorded: bool) -> PublishedSeries:
-    """Rows are (parallelism, parallelism std, tok/s, tok/s std, accuracy %) in sweep order."""
-    taus = GSM8K_TAUS if family != "ar" else (None,)
+def _series(family, size, label, rows, tau_recorded: bool, taus=GSM8K_TAUS) -> PublishedSeries:
+    """Rows are (parallelism, parallelism std, tok/s, tok/s std, accuracy %) in sweep order;
+    taus None: one point where τ does not apply (AR)."""
     points = tuple(
         PublishedPoint(family, size, tau, tau_recorded, acc, tps, tps_std, par, par_std)
         for tau, (par, par_std, tps, tps_std, acc) in zip(taus, rows, strict=False)
@@ -64,7 +64,7 @@ def _series(family, size, label, rows, tau_recorded: bool) -> PublishedSeries:
 
 
 GSM8K = (
-    _series("ar", None, "AR", [(1.0, None, 55.52, 0.25, 80.21)], tau_recorded=True),
+    _series("ar", None, "AR", [(1.0, None, 55.52, 0.25, 80.21)], tau_recorded=True, taus=[None]),
     _series(
         "bd3lm",
         4,
@@ -143,11 +143,12 @@ def gsm8k_points() -> list[PublishedPoint]:
 
 
 def match_gsm8k(family: str, size: int | None, tau: float | None) -> PublishedPoint | None:
-    """The published point of the same family, size and τ (AR: its one point), else None."""
+    """The published point of the same family, size and τ (AR: its one point, whose τ does not
+    apply), else None."""
     for point in gsm8k_points():
         if (point.family, point.size) != (family, size):
             continue
-        if family == "ar" or (tau is not None and _same_tau(point.tau, tau)):
+        if point.tau is None or (tau is not None and _same_tau(point.tau, tau)):
             return point
     return None
 

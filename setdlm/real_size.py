@@ -23,6 +23,8 @@ import torch
 
 from setdlm.core.decoding import DecodeConfig
 from setdlm.eval.timing import peak_memory_bytes
+from setdlm.families import FAMILY_NAMES, build_model, with_knobs
+from setdlm.families import family as family_info
 
 # Qwen3-1.7B-Base's config.json (its public Hub file), the backbone of the GSM8K checkpoints.
 QWEN3_1_7B = {
@@ -53,7 +55,6 @@ QUESTION = (
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "
     "in May. How many clips did Natalia sell altogether in April and May?"
 )
-OFFICIAL_ARCHITECTURE = {"ar": "AR", "mdlm": "MDLM", "bd3lm": "BD3LM", "setdlm": "SetDLM"}
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,7 @@ HEADER = (
 
 def official_config(family: str, ids: TokenIds) -> dict:
     """The official ``config.json`` of a GSM8K checkpoint of ``family`` (architecture only)."""
+    info = family_info(family)
     tokens = {
         "bos_token_id": ids.eos,
         "eos_token_id": ids.eos,
@@ -114,7 +116,7 @@ def official_config(family: str, ids: TokenIds) -> dict:
         "vocab_size": ids.vocab,
     }
     config = {
-        "architectures": [OFFICIAL_ARCHITECTURE[family]],
+        "architectures": [info.title],
         "backbone_config": {
             "_target_": "backbone_automodel.AutoModelFromPreTrained",
             "attn_implementation": "sdpa",
@@ -124,7 +126,7 @@ def official_config(family: str, ids: TokenIds) -> dict:
             "pretrained_model_name_or_path": "qwen3_backbone",
             "reinit_model": True,
             "revision": None,
-            "use_causal_mask": family == "ar",
+            "use_causal_mask": info.dit["causal_attention"],
         },
         "length": LENGTH,
         "tokenization_config": tokens,
@@ -132,11 +134,11 @@ def official_config(family: str, ids: TokenIds) -> dict:
         "keep_clean_bos": False,
         "noise_config": None,
     }
-    if family in ("mdlm", "bd3lm"):
+    if info.schedule == "linear":
         config["noise_config"] = {"_target_": "noise_schedule_noise_schedules.LinearNoise"}
-    if family == "bd3lm":
+    if "block_size" in info.settings:
         config["block_size"] = D
-    if family == "setdlm":
+    if info.schedule == "staggered":
         config["noise_config"] = {
             "_target_": "noise_schedule_noise_schedules.StaggeredNoise",
             "block_size": LENGTH,
@@ -152,7 +154,6 @@ def build_real_size(family: str, ids: TokenIds, dtype=torch.bfloat16, device="cp
     """The family's GSM8K architecture with random weights in ``dtype``, via the official
     loader's config path, built directly on ``device``."""
     from setdlm.checkpoints import config_from_official
-    from setdlm.registry import build_model
 
     with tempfile.TemporaryDirectory() as folder:
         (Path(folder) / "qwen3_backbone").mkdir()
@@ -174,16 +175,17 @@ def real_size_smoke(tokenizer, new_tokens: int = 6, families=None, log=print) ->
     prompt = tokenizer.encode(QUESTION + "\nAnswer:", add_special_tokens=False)
     rows = []
     log(HEADER)
-    for family in families or OFFICIAL_ARCHITECTURE:
+    for family in families or FAMILY_NAMES:
         start = time.perf_counter()
         model = build_real_size(family, TokenIds.of(tokenizer))
         built = time.perf_counter() - start
         config = DecodeConfig(
             max_new_tokens=new_tokens,
             confidence_threshold=0.9,
-            block_size=8 if family == "mdlm" else None,
             eos_token_ids=(tokenizer.eos_token_id,),
         )
+        knobs = family_info(family).decoding_knobs("bench", {"mdlm_block": 8})
+        config = with_knobs(config, family, **knobs)
         output = model.generate([prompt], config, tokenizer=tokenizer)
         shorter = [prompt[:12], prompt, prompt[:25]]  # ragged: a pool of two slots, refilled
         pooled = model.generate(shorter, config, tokenizer=tokenizer, batch_size=2)

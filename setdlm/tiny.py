@@ -18,15 +18,16 @@ import torch
 
 from setdlm.checkpoints import load_model, save_model
 from setdlm.core.decoding import DecodeConfig
-from setdlm.core.family import FAMILIES, ModelConfig, default_schedule
+from setdlm.core.family import ModelConfig, default_schedule
 from setdlm.data.loader import collate
 from setdlm.data.text import ChunkedLMDataset, PaddedRowsDataset, load_wikitext2
 from setdlm.data.tokenizers import SpecialTokens, load_tokenizer, train_bpe_tokenizer
 from setdlm.eval import arithmetic
+from setdlm.families import FAMILY_NAMES, build_model, with_knobs
+from setdlm.families import family as family_info
 from setdlm.files import atomic_write_json, atomic_write_text, sha256_file
 from setdlm.likelihood import evaluate_likelihood
 from setdlm.paths import data_path
-from setdlm.registry import build_model
 from setdlm.train import TrainConfig, latest_checkpoint, load_weights, train
 
 CORPORA = ("wikitext2", "arithmetic")
@@ -61,6 +62,7 @@ class TinySettings:
 
 
 def model_config(family: str, tokenizer, settings: TinySettings) -> ModelConfig:
+    info = family_info(family)
     backbone = {
         "vocab_size": len(tokenizer),
         "hidden_size": settings.hidden_size,
@@ -68,9 +70,8 @@ def model_config(family: str, tokenizer, settings: TinySettings) -> ModelConfig:
         "num_layers": settings.num_layers,
         "cond_dim": settings.hidden_size // 2,
         "dropout": 0.0,
-        "adaln": family in ("mdlm", "bd3lm"),  # the LM1B recipe (conditioned on sigma = 0)
+        **info.dit,  # adaLN (the LM1B recipe, conditioned on sigma = 0) and causal attention
         "length": settings.length,
-        "causal_attention": family == "ar",
     }
     return ModelConfig(
         family=family,
@@ -82,16 +83,16 @@ def model_config(family: str, tokenizer, settings: TinySettings) -> ModelConfig:
         eos_token_id=tokenizer.eos_token_id,
         backbone_kind="dit",
         backbone=backbone,
-        block_size=settings.block_size if family == "bd3lm" else None,
+        block_size=settings.block_size if "block_size" in info.settings else None,
         schedule=default_schedule(family, settings.length, settings.block_size),
-        keep_clean_bos=family != "ar",  # chunks start with BOS, as in the LM1B/OWT runs
+        keep_clean_bos=info.keep_clean_bos,  # chunks start with BOS, as in the LM1B/OWT runs
     )
 
 
 def run_tiny(
     out: str | Path,
     settings: TinySettings = TinySettings(),
-    families: tuple[str, ...] = FAMILIES,
+    families: tuple[str, ...] = FAMILY_NAMES,
     log=print,
 ) -> dict:
     out = Path(out)
@@ -219,12 +220,10 @@ def _decode(family, model, tokenizer, heldout, settings):
         heldout[i]["input_ids"][: settings.prompt_tokens].tolist()
         for i in range(min(settings.num_prompts, len(heldout)))
     ]
-    base = DecodeConfig(
-        max_new_tokens=settings.new_tokens,
-        eos_token_ids=(tokenizer.eos_token_id,),
-        block_size=8 if family == "mdlm" else None,
-    )
-    thresholds = (1e6,) if family == "ar" else settings.thresholds
+    info = family_info(family)
+    base = DecodeConfig(max_new_tokens=settings.new_tokens, eos_token_ids=(tokenizer.eos_token_id,))
+    base = with_knobs(base, family, **info.decoding_knobs("bench", {"mdlm_block": 8}))
+    thresholds = (1e6,) if info.left_to_right else settings.thresholds
     decoding, samples = [], []
     for threshold in thresholds:
         config = replace(base, confidence_threshold=threshold)

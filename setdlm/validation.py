@@ -19,13 +19,10 @@ from typing import Any
 import yaml
 
 from setdlm.errors import UserError
+from setdlm.families import FAMILIES, FAMILY_NAMES, MODEL_NAME_PATTERN, UnknownNameError
+from setdlm.families import family as family_info
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflows" / "config" / "schema.yaml"
-# Decoding knobs, the families that have them, and what to say to the others.
-KNOBS = {
-    "window": (("setdlm",), "only SetDLM has a decoding window"),
-    "block_size": (("mdlm", "bd3lm"), "only MDLM and BD3LM decode in blocks"),
-}
 
 
 class SettingError(UserError, ValueError):
@@ -34,8 +31,13 @@ class SettingError(UserError, ValueError):
 
 @functools.cache
 def schema() -> dict:
+    """The workflow schema, with what the family table defines filled in: the family names
+    and the model-name grammar."""
     with open(SCHEMA_PATH, encoding="utf-8") as handle:
-        return yaml.safe_load(handle)
+        loaded = yaml.safe_load(handle)
+    loaded["$defs"]["model"]["properties"]["family"]["enum"] = list(FAMILY_NAMES)
+    loaded["properties"]["models"]["propertyNames"]["pattern"] = MODEL_NAME_PATTERN
+    return loaded
 
 
 def node(pointer: str) -> dict:
@@ -133,15 +135,34 @@ def warmup_errors(warmup: int, limit: int | None, where: str, limit_where: str) 
     return []
 
 
-def knob_errors(family: str, knobs: dict[str, Any], where: str, name: str) -> list[str]:
-    """Decoding knobs the family does not have (a SetDLM window on AR, ...); ``where`` is a
-    format string with ``{knob}`` (block_size) or ``{flag}`` (block-size)."""
+def knob_errors(
+    family: str, knobs: dict[str, Any], where: str, name: str, policy: str | None = None
+) -> list[str]:
+    """A decoding policy the family does not decode with, or knobs the policy does not have
+    (a SetDLM window on AR, ...); ``where`` is a format string with ``{knob}`` (block_size) or
+    ``{flag}`` (block-size). policy None: the family's default."""
+    info = family_info(family)
+    try:
+        chosen = info.policy(policy)
+    except UnknownNameError as error:
+        return [f"{where.format(knob='policy', flag='policy')}: {error} ({name} is {family})"]
     errors = []
     for knob, value in knobs.items():
-        families, message = KNOBS[knob]
-        if value is not None and family not in families:
-            place = where.format(knob=knob, flag=knob.replace("_", "-"))
-            errors.append(f"{place}: {message} ({name} is {family})")
+        if value is None or knob in chosen.knobs:
+            continue
+        place = where.format(knob=knob, flag=knob.replace("_", "-"))
+        holders = [f.title for f in FAMILIES.values() if knob in f.knobs]
+        if info.title in holders:  # another of its policies has the knob
+            has = ", ".join(chosen.knobs) or "none"
+            errors.append(
+                f"{place}: {info.title}'s {chosen.name} decoding has no {knob} "
+                f"(its knobs: {has}; {name} is {family})"
+            )
+        else:
+            verb = "decodes" if len(holders) == 1 else "decode"
+            errors.append(
+                f"{place}: only {' and '.join(holders)} {verb} with a {knob} ({name} is {family})"
+            )
     return errors
 
 

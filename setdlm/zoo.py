@@ -59,6 +59,8 @@ TASKS = {
     ),
 }
 SIZES = (4, 8, 16)  # BD3LM block sizes S; SetDLM d = S, smax = 2S
+# The families the mdlm/bd3lms codebase published as Lightning files: the OWT AR and MDLM.
+LEGACY_FAMILIES = ("ar", "mdlm")
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,19 @@ class PublishedModel:
     revision: str | None = None  # pinned Hub commit; None where it is not known
     loadable: bool = True
     note: str = ""
+
+    def decode_knobs(self) -> dict:
+        """The decoding knobs of the paper's scripts for this checkpoint (W, MDLM's block, the
+        first-hitting cache order), named as its family's default policy names them."""
+        from setdlm.families import family
+
+        values = {
+            "window": self.window,
+            "block_size": self.mdlm_block,
+            "fht_cache_order": self.fht_cache_order or None,
+        }
+        knobs = family(self.family).default_policy.knobs
+        return {knob: value for knob, value in values.items() if knob in knobs and value}
 
 
 def pinned_revisions() -> dict[str, str]:
@@ -308,7 +323,7 @@ def apply_published_settings(model, spec: PublishedModel):
             f"{spec.family}"
         )
     changes = {"keep_clean_bos": spec.keep_clean_bos}
-    if spec.family == "setdlm":
+    if spec.d is not None:  # SetDLM's staggered schedule, which the name no longer implies
         # N is the checkpoint's own length; M = min(2d, N) (the schedule-version trap, SPEC 1.2)
         changes["schedule"] = StaggeredSchedule.from_sizes(N=config.length, d=spec.d)
     model.config = dataclasses.replace(config, **changes)

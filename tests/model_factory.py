@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import torch
 
-from setdlm.core.family import FAMILIES, ModelConfig, default_schedule
+from setdlm.core.decoding import DecodeConfig
+from setdlm.core.family import ModelConfig, default_schedule
 from setdlm.core.random_weights import redraw_weights
-from setdlm.registry import build_model
+from setdlm.families import FAMILIES as FAMILY_INFOS
+from setdlm.families import FAMILY_NAMES as FAMILIES
+from setdlm.families import build_model, with_knobs
+from setdlm.families import family as family_info
 
 VOCAB, MASK, PAD, BOS, EOS = 64, 63, 0, 1, 2
-__all__ = ["BACKBONES", "FAMILIES", "prompts", "tiny_config", "tiny_model"]
+__all__ = ["BACKBONES", "FAMILIES", "decode_config", "prompts", "tiny_config", "tiny_model"]
 
 BACKBONES = ("dit", "qwen3")
 
@@ -26,9 +30,9 @@ def backbone_settings(kind: str, family: str, length: int) -> dict:
             "num_layers": 2,
             "cond_dim": 16,
             "dropout": 0.0,
-            "adaln": family in ("mdlm", "bd3lm"),
+            "adaln": family_info(family).dit["adaln"],
             "length": length,
-            "causal_attention": family == "ar",
+            "causal_attention": family_info(family).dit["causal_attention"],
         }
     return {
         "architecture": {
@@ -51,7 +55,7 @@ def backbone_settings(kind: str, family: str, length: int) -> dict:
             "eos_token_id": EOS,
             "pad_token_id": PAD,
         },
-        "use_causal_mask": family == "ar",
+        "use_causal_mask": family_info(family).dit["causal_attention"],
     }
 
 
@@ -66,7 +70,7 @@ def tiny_config(family: str, backbone: str = "dit", length: int = 32, **changes)
         eos_token_id=EOS,
         backbone_kind=backbone,
         backbone=backbone_settings(backbone, family, length),
-        block_size=4 if family == "bd3lm" else None,
+        block_size=4 if "block_size" in family_info(family).settings else None,
         schedule=default_schedule(family, length, block_size=4),
     )
     values.update(changes)
@@ -76,6 +80,17 @@ def tiny_config(family: str, backbone: str = "dit", length: int = 32, **changes)
 def tiny_model(family: str, backbone: str = "dit", seed: int = 0, **changes):
     torch.manual_seed(seed)
     return redraw_weights(build_model(tiny_config(family, backbone, **changes)), seed).eval()
+
+
+def decode_config(family: str, **values) -> DecodeConfig:
+    """``DecodeConfig(**values)`` where the knobs of the family's decoding policy (window,
+    block_size, ...) may be given among the values too (a None knob: the policy's default)."""
+    knobs = {name: values.pop(name) for name in list(values) if name in KNOBS}
+    policy = values.pop("policy", None)
+    return with_knobs(DecodeConfig(**values), family, policy, **knobs)
+
+
+KNOBS = {knob for info in FAMILY_INFOS.values() for knob in info.knobs}
 
 
 def prompts(count: int, seed: int = 0, lengths=(3, 6, 5, 8)) -> list[list[int]]:

@@ -25,6 +25,7 @@ from configs import tiny_with_paper_tasks
 from workflow_env import environ
 
 from setdlm.cli import main as setdlm
+from setdlm.families import FAMILY_NAMES
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_CONFIG = REPO / "workflows" / "config" / "tiny.yaml"
@@ -47,7 +48,7 @@ def work(trained_tiny, tmp_path_factory, data_dir) -> Path:
     evaluation with its tables: everything the table's inputs point at."""
     work = tmp_path_factory.mktemp("bad-inputs")
     models = work / "models"
-    for family in ("ar", "mdlm", "bd3lm", "setdlm"):
+    for family in FAMILY_NAMES:
         shutil.copytree(trained_tiny / family / "model", models / family)
     _broken_models(models)
     _data_folders(work / "data", data_dir)

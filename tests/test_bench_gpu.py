@@ -8,6 +8,7 @@ import torch
 
 from setdlm.bench_gpu import GpuCheckSettings, check_gpu
 from setdlm.errors import UserError
+from setdlm.families import FAMILY_NAMES
 
 
 @pytest.mark.slow
@@ -28,7 +29,7 @@ def test_the_gpu_check_measures_every_family_against_the_bandwidth_bound():
     assert [row["tokens"] for row in report["forward_latency"]] == [1, 8]
     rows = report["families"]
     assert [(r["family"], r["batch_size"]) for r in rows] == [
-        (family, size) for family in ("ar", "mdlm", "bd3lm", "setdlm") for size in (1, 4)
+        (family, size) for family in FAMILY_NAMES for size in (1, 4)
     ]
     for row in rows:
         assert "error" not in row, row

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from model_factory import BACKBONES, FAMILIES, prompts, tiny_model
+from model_factory import BACKBONES, FAMILIES, decode_config, prompts, tiny_model
 from safetensors.torch import load_file, save_file
 
 from setdlm.checkpoints import CheckpointError, load_model, save_model
@@ -26,7 +26,7 @@ def test_round_trip_reproduces_logits_and_decoding(tmp_path, family, backbone):
         assert torch.equal(
             model.backbone(ids, positions, None), loaded.backbone(ids, positions, None)
         )
-    config = DecodeConfig(max_new_tokens=6, block_size=4 if family == "mdlm" else None)
+    config = decode_config(family, max_new_tokens=6, block_size=4 if family == "mdlm" else None)
     assert (
         model.generate(prompts(2), config).output_ids
         == loaded.generate(prompts(2), config).output_ids

@@ -12,7 +12,8 @@ from model_factory import tiny_model
 
 from setdlm.checkpoints import load_model
 from setdlm.cli import main
-from setdlm.tiny import FAMILIES, TinySettings, run_tiny
+from setdlm.families import FAMILY_NAMES as FAMILIES
+from setdlm.tiny import TinySettings, run_tiny
 from setdlm.train import TrainConfig, train
 
 

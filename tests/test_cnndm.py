@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from baselines.mdlm import SemiAutoregressiveOptions
 from setdlm.checkpoints import load_model
 from setdlm.core.decoding import DecodeConfig
 from setdlm.core.decoding.stopping import StopRule
@@ -21,11 +22,12 @@ from setdlm.eval.cnndm import (
     read_articles_jsonl,
     settings_for_model_length,
 )
-from setdlm.eval.paper_decoding import cnndm_decode_config
+from setdlm.eval.paper_decoding import paper_decode_config
 from setdlm.eval.runner import run_evaluation
+from setdlm.families import FAMILY_NAMES as FAMILIES  # noqa: E402
+from setdlm.model import SlidingWindowOptions
 from setdlm.zoo import PUBLISHED
 
-FAMILIES = ("ar", "mdlm", "bd3lm", "setdlm")
 ENDOFTEXT = 151643  # Qwen3's <|endoftext|>: BOS = EOS = PAD of the paper's CNN/DM models
 
 
@@ -119,21 +121,23 @@ def test_the_stop_rules_with_the_qwen3_tokenizer(qwen3):
 
 def test_the_decoding_rules_are_the_papers(qwen3):
     task = CnnDmTask(CnnDmSettings(eos_token="<|endoftext|>"))
-    config = task.decode_config(DecodeConfig(block_size=32, stop_strings=("x",)), qwen3)
+    knobs = SemiAutoregressiveOptions(block_size=32)
+    config = task.decode_config(DecodeConfig(policy=knobs, stop_strings=("x",)), qwen3)
     assert config.max_new_tokens == 180
     assert config.repetition_penalty == 1.2 and config.repetition_context == "generated"
     assert config.length_penalty == (80, 1.1)
     assert config.eos_token_ids == (ENDOFTEXT,) and config.stop_strings == ()
-    assert config.block_size == 32  # the family's knobs are the caller's
+    assert config.policy == knobs  # the family's knobs are the caller's
     assert settings_for_model_length(768, qwen3) == CnnDmSettings()
 
 
 def test_the_papers_family_settings():
-    assert cnndm_decode_config(PUBLISHED["cnndm:ar"]) == DecodeConfig()
-    assert cnndm_decode_config(PUBLISHED["cnndm:mdlm"]).block_size == 32
-    assert cnndm_decode_config(PUBLISHED["cnndm:bd3lm-s8"]).block_size == 8
+    assert paper_decode_config("cnndm", PUBLISHED["cnndm:ar"]) == DecodeConfig()
+    assert paper_decode_config("cnndm", PUBLISHED["cnndm:mdlm"]).policy.block_size == 32
+    assert paper_decode_config("cnndm", PUBLISHED["cnndm:bd3lm-s8"]).policy.block_size == 8
     for smax, d in ((8, 4), (16, 8), (32, 16)):
-        assert cnndm_decode_config(PUBLISHED[f"cnndm:setdlm-smax{smax}"]).window == d
+        config = paper_decode_config("cnndm", PUBLISHED[f"cnndm:setdlm-smax{smax}"])
+        assert config.policy == SlidingWindowOptions(window=d)
 
 
 def test_a_prompt_that_does_not_fit_the_model_is_refused(trained_tiny):
@@ -164,7 +168,9 @@ def test_generation_stops_at_the_first_generated_eos(trained_tiny, tmp_path, fam
     model, tokenizer = _tiny(trained_tiny, family)
     fitted = settings_for_model_length(model.config.length, tokenizer, CnnDmSettings(limit=3))
     eager = dataclasses.replace(fitted, length_penalty=(2, 10.0))  # pushes EOS early
-    run_evaluation(CnnDmTask(eager), model, tokenizer, cnndm_decode_config(model), tmp_path)
+    run_evaluation(
+        CnnDmTask(eager), model, tokenizer, paper_decode_config("cnndm", model), tmp_path
+    )
     eos = tokenizer.eos_token_id
     for line in (tmp_path / "samples.jsonl").read_text().splitlines():
         record = json.loads(line)
@@ -180,7 +186,7 @@ def test_end_to_end_on_a_tiny_trained_model(trained_tiny, tmp_path, family):
     settings = settings_for_model_length(64, tokenizer, CnnDmSettings(limit=3))
     assert settings.max_article_tokens + settings.max_new_tokens < 64
     metrics = run_evaluation(
-        CnnDmTask(settings), model, tokenizer, cnndm_decode_config(model), tmp_path
+        CnnDmTask(settings), model, tokenizer, paper_decode_config("cnndm", model), tmp_path
     )
     records = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert (tmp_path / "metrics.json").exists() and len(records) == metrics["examples"] == 3

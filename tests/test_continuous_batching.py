@@ -4,7 +4,7 @@ the order in which prompts arrive, while the pool keeps its slots busy."""
 from __future__ import annotations
 
 import pytest
-from model_factory import BACKBONES, FAMILIES, MASK, prompts, tiny_model
+from model_factory import BACKBONES, FAMILIES, MASK, decode_config, prompts, tiny_model
 
 from setdlm.core.decoding import DecodeConfig
 
@@ -18,7 +18,7 @@ def _config(family: str, **changes) -> DecodeConfig:
     if family == "mdlm":
         values["block_size"] = 8
     values.update(changes)
-    return DecodeConfig(**values)
+    return decode_config(family, **values)
 
 
 def _same_as_alone(model, batch, config, seeds, pooled):

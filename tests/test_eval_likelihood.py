@@ -9,7 +9,7 @@ import pytest
 from setdlm.checkpoints import load_model
 from setdlm.data.tokenizers import load_tokenizer
 from setdlm.eval.likelihood import run_likelihood
-from setdlm.tiny import FAMILIES
+from setdlm.families import FAMILY_NAMES as FAMILIES
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from baselines.mdlm import SemiAutoregressiveOptions
 from setdlm.checkpoints import load_model
 from setdlm.core.decoding import DecodeConfig
 from setdlm.data.tokenizers import load_tokenizer
@@ -72,7 +73,7 @@ def _outputs(folder):
     return {k: {f: v for f, v in r.items() if f not in TIMING_FIELDS} for k, r in records.items()}
 
 
-SAMPLED = DecodeConfig(do_sample=True, top_p=0.9, confidence_threshold=0.3, window=4)
+SAMPLED = DecodeConfig(do_sample=True, top_p=0.9, confidence_threshold=0.3)
 
 
 def test_a_run_writes_samples_and_metrics(trained_tiny, tmp_path):
@@ -108,7 +109,7 @@ def test_a_run_writes_samples_and_metrics(trained_tiny, tmp_path):
 
 def test_a_killed_run_resumes_to_the_same_results(trained_tiny, tmp_path):
     model, tokenizer = _load(trained_tiny, "mdlm")
-    config = SAMPLED.replace(block_size=8)
+    config = SAMPLED.replace(policy=SemiAutoregressiveOptions(block_size=8))
     straight = run_evaluation(Continuation(), model, tokenizer, config, tmp_path / "straight")
     with pytest.raises(KeyboardInterrupt):
         run_evaluation(Continuation(fail_after=2), model, tokenizer, config, tmp_path / "killed")

@@ -11,8 +11,10 @@ from setdlm.core.decoding import DecodeConfig
 from setdlm.core.decoding.stopping import StopRule
 from setdlm.data.tokenizers import load_tokenizer
 from setdlm.eval import gsm8k
+from setdlm.eval.paper_decoding import paper_decode_config
 from setdlm.eval.records import SampleLog
 from setdlm.eval.runner import run_evaluation
+from setdlm.families import FAMILY_NAMES as FAMILIES
 
 GOLD_18 = "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\n#### 18"
 
@@ -174,12 +176,12 @@ def test_malformed_data_names_the_file_and_line(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------------- end to end
-@pytest.mark.parametrize("family", ["ar", "mdlm", "bd3lm", "setdlm"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_the_task_end_to_end(trained_tiny, tmp_path, family):
     folder = trained_tiny / family / "model"
     model, tokenizer = load_model(folder), load_tokenizer(folder)
     task = gsm8k.GSM8KTask(protocol="pareto", limit=3, max_new_tokens=16)
-    decode = gsm8k.gsm8k_decode_config(model)
+    decode = paper_decode_config("gsm8k", model)
     metrics = run_evaluation(task, model, tokenizer, decode, tmp_path / "run")
     records = list(SampleLog(tmp_path / "run" / "samples.jsonl").load().values())
     assert [r["id"] for r in records] == ["test-0", "test-1", "test-2"]

@@ -20,8 +20,8 @@ from setdlm.data.tokenizers import load_tokenizer
 from setdlm.eval import gsm8k
 from setdlm.eval.records import SampleLog
 from setdlm.eval.runner import run_evaluation
+from setdlm.families import FAMILY_NAMES as FAMILIES  # noqa: E402
 
-FAMILIES = ["ar", "mdlm", "bd3lm", "setdlm"]
 NEW_TOKENS = 12  # the tiny runs' budget (the protocols' 1024 is for the real checkpoints)
 
 

@@ -17,11 +17,11 @@ from setdlm.eval.infill import (
     read_stories,
     split_story,
 )
-from setdlm.eval.paper_decoding import infill_decode_config
+from setdlm.eval.paper_decoding import paper_decode_config
 from setdlm.eval.runner import Example, RunSettings, run_evaluation
+from setdlm.families import FAMILY_NAMES as FAMILIES  # noqa: E402
 from setdlm.zoo import PUBLISHED
 
-FAMILIES = ("ar", "mdlm", "bd3lm", "setdlm")
 VARIANTS = ("infill-1", "infill-3")
 GPT2_EOS = 50256  # <|endoftext|>: BOS = EOS of the OWT models
 OWT_MASK = 50257  # <|fim_middle|>, added after GPT-2's vocabulary
@@ -108,10 +108,10 @@ def test_every_story_masks_exactly_the_gold_middles_tokens(stories, gpt2, varian
 
 
 def test_the_papers_family_settings_and_repetition_options(gpt2):
-    assert infill_decode_config(PUBLISHED["owt:mdlm"]).block_size == 1024
-    assert infill_decode_config(PUBLISHED["owt:bd3lm-s16"]).block_size == 16
-    assert infill_decode_config(PUBLISHED["owt:setdlm-smax32"]).window == 32
-    assert infill_decode_config(PUBLISHED["owt:ar"]) == DecodeConfig()
+    assert paper_decode_config("infill", PUBLISHED["owt:mdlm"]).policy.block_size == 1024
+    assert paper_decode_config("infill", PUBLISHED["owt:bd3lm-s16"]).policy.block_size == 16
+    assert paper_decode_config("infill", PUBLISHED["owt:setdlm-smax32"]).policy.window == 32
+    assert paper_decode_config("infill", PUBLISHED["owt:ar"]) == DecodeConfig()
     base = DecodeConfig(eos_token_ids=(1,), stop_strings=("x",), length_penalty=(3, 1.1))
     for variant, repetition, penalty in (
         ("infill-1", "paper", 1.2),
@@ -160,7 +160,7 @@ def test_ar_sees_the_left_context_only(trained_tiny, variant):
 def test_end_to_end_on_a_tiny_trained_model(trained_tiny, tmp_path, family, variant):
     model, tokenizer = _tiny(trained_tiny, family)
     task = InfillTask(InfillSettings(variant=variant, limit=3, too_long="skip"))
-    metrics = run_evaluation(task, model, tokenizer, infill_decode_config(model), tmp_path)
+    metrics = run_evaluation(task, model, tokenizer, paper_decode_config("infill", model), tmp_path)
     records = _records(tmp_path)
     assert (tmp_path / "metrics.json").exists() and len(records) == metrics["examples"] == 3
     examples = {e.id: e for e in task.examples(tokenizer, model)}
@@ -185,7 +185,7 @@ def test_ar_results_do_not_depend_on_the_batch_size(trained_tiny, tmp_path):
     # AR examples carry their own budget (the span length): a batch never mixes budgets.
     model, tokenizer = _tiny(trained_tiny, "ar")
     task = InfillTask(InfillSettings(variant="infill-3", limit=3, too_long="skip"))
-    config = infill_decode_config(model)
+    config = paper_decode_config("infill", model)
     run_evaluation(task, model, tokenizer, config, tmp_path / "one")
     run_evaluation(task, model, tokenizer, config, tmp_path / "three", RunSettings(batch_size=3))
     one, three = _records(tmp_path / "one"), _records(tmp_path / "three")

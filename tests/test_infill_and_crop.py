@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 from cache_replay import Recomputed
-from model_factory import BACKBONES, MASK, prompts, tiny_model
+from model_factory import BACKBONES, MASK, decode_config, prompts, tiny_model
 
 from setdlm.core.decoding import DecodeConfig, generate
+from setdlm.model import SlidingWindowOptions
 
 DIFFUSION = ("mdlm", "bd3lm", "setdlm")
 
@@ -21,7 +22,8 @@ def _infill_inputs():
 def test_infilling_fills_exactly_the_masks_and_keeps_the_context(family, backbone):
     model = tiny_model(family, backbone)
     inputs = _infill_inputs()
-    config = DecodeConfig(confidence_threshold=0.15, block_size=8 if family == "mdlm" else None)
+    block = 8 if family == "mdlm" else None
+    config = decode_config(family, confidence_threshold=0.15, block_size=block)
     replay = Recomputed(model)
     output = generate(replay, inputs, config)
     for source, filled, new in zip(inputs, output.output_ids, output.new_token_ids, strict=True):
@@ -52,7 +54,7 @@ def test_prefix_only_infilling_never_sees_the_right_context_but_promotes_gaps():
     enters the cache once decoding passes it; the text after the last span is never seen."""
     model = tiny_model("setdlm")
     left, gap, right = prompts(3, lengths=(6, 4, 6), seed=5)
-    config = DecodeConfig(infill_cache="prefix")
+    config = DecodeConfig(policy=SlidingWindowOptions(infill_cache="prefix"))
 
     def fill(right_context, gap_tokens=gap[1:]):
         source = left + [MASK] * 4 + gap_tokens + [MASK] * 3 + right_context
@@ -92,7 +94,8 @@ class _WidthProbe(Recomputed):
 def test_the_cache_is_cropped_to_the_model_length(family, fht):
     model = tiny_model(family, length=16)
     probe = _WidthProbe(model)
-    config = DecodeConfig(max_new_tokens=20, fht_cache_order=fht)
+    fht_knob = fht if family == "setdlm" else None
+    config = decode_config(family, max_new_tokens=20, fht_cache_order=fht_knob)
     output = generate(probe, prompts(2, lengths=(9, 12)), config, seeds=[0, 1])
     assert output.num_generated == [20, 20]
     assert max(probe.widths) <= 16

@@ -8,8 +8,9 @@ import shutil
 
 import pytest
 import torch
-from model_factory import prompts, tiny_model
+from model_factory import decode_config, prompts, tiny_model
 
+from baselines.mdlm import SemiAutoregressiveOptions
 from setdlm.checkpoints import CheckpointError, load_model
 from setdlm.cli import main
 from setdlm.core.decoding import DecodeConfig
@@ -28,7 +29,7 @@ def test_a_hub_folder_with_a_dit_legacy_backbone_and_no_noise_config_loads(parit
     legacy, current = load_model(folder), load_model(parity_dir / "mdlm-dit")
     assert legacy.config.schedule == current.config.schedule  # the plain LinearNoise
     prompt = [[101, 5, 9, 17]]
-    decode = DecodeConfig(max_new_tokens=8, block_size=8)
+    decode = DecodeConfig(max_new_tokens=8, policy=SemiAutoregressiveOptions(block_size=8))
     assert legacy.generate(prompt, decode).output_ids == current.generate(prompt, decode).output_ids
 
 
@@ -79,7 +80,8 @@ def test_a_lightning_checkpoint_loads_its_ema_weights_and_runs_no_pickled_code(t
     raw_state, source_state = raw.backbone.state_dict(), source.backbone.state_dict()
     assert raw_state.keys() == source_state.keys()
     assert all(torch.equal(raw_state[k], source_state[k]) for k in raw_state)
-    output = model.generate(prompts(1), DecodeConfig(max_new_tokens=6, block_size=8))
+    block = 8 if family == "mdlm" else None
+    output = model.generate(prompts(1), decode_config(family, max_new_tokens=6, block_size=block))
     assert output.num_generated == [6]
 
 

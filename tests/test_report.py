@@ -226,6 +226,14 @@ def test_tables_state_units_definitions_hardware_and_examples(run_dir, tables):
     assert "Units: accuracy in % of problems" in markdown
     assert gsm8k["quality"]["paper_exact"]["definition"].rstrip(".") in markdown
     assert "Hardware (ours): cpu (" in markdown and "Examples per point: 2" in markdown
+    # each row's decoding policy, said once with whether its cache is exact
+    assert "Decoding policies (setdlm/families.py): next-token (exact cache)" in markdown
+    assert {row["policy"] for row in _csv(tables / "gsm8k_pareto.csv")} == {
+        "next-token",
+        "semi-ar",
+        "block-cache",
+        "sliding-window",
+    }
     # how speed was timed, per point when they differ: batch 1 is the paper's protocol
     assert "Speed protocol: batch 1: per-example tok/s, the paper's speed protocol" in markdown
     cnndm = (tables / "cnndm.md").read_text()

@@ -173,15 +173,21 @@ def test_sync_mirrors_every_point_with_params_metrics_tags_and_artifacts(results
             continue
         decode, speed = config["decode"], metrics["speed"]
         assert params["tau"] == json.dumps(decode["confidence_threshold"])
+        own = {"setdlm": "sliding-window", "bd3lm": "block-cache"}[family]
+        assert params["policy"] == own
         assert params["decode.top_p"] == json.dumps(decode["top_p"])
-        assert params["decode.fused_block_cache"] == json.dumps(decode["fused_block_cache"])
+        knobs = decode.get("options") or decode  # a named policy's own, or the flat layout
+        if "policy" in decode:
+            assert params["decode.options.block_size"] == json.dumps(knobs["block_size"])
+        else:
+            assert params["decode.fused_block_cache"] == json.dumps(decode["fused_block_cache"])
         assert params["task.max_new_tokens"] == str(config["task_settings"]["max_new_tokens"])
         if family == "setdlm":
             schedule = config["model_config"]["schedule"]
-            assert params["W"] == str(decode["window"]) and params["d"] == str(schedule["d"])
+            assert params["W"] == str(knobs["window"]) and params["d"] == str(schedule["d"])
             assert params["M"] == str(schedule["M"])
         else:
-            assert params["block_size"] == str(decode["block_size"]) and params["W"] == "null"
+            assert params["block_size"] == str(knobs["block_size"]) and params["W"] == "null"
         low, high = metrics["quality"]["rouge1"]["bootstrap_95"]
         assert logged["quality.rouge1.bootstrap_95.0"] == pytest.approx(low)
         assert logged["quality.rouge1.bootstrap_95.1"] == pytest.approx(high)
@@ -560,7 +566,7 @@ def test_key_metrics_times_and_sweeps_as_the_ui_shows_them(results):
     experiment = client.get_experiment_by_name("cnndm").experiment_id
     everything = client.search_runs([experiment], max_results=100)
     parents = {r.info.run_id: r for r in everything if SWEEP_TAG in r.data.tags}
-    # One parent per (task, model) sweep, each point of the sweep its child.
+    # One parent per (task, model, policy) sweep, each point of the sweep its child.
     assert sorted(r.data.tags[SWEEP_TAG] for r in parents.values()) == [
         "tiny/cnndm/bd3lm",
         "tiny/cnndm/setdlm",

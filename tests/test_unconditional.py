@@ -33,8 +33,8 @@ from setdlm.eval.unconditional import (
     run_unconditional,
     score_samples,
 )
+from setdlm.families import FAMILY_NAMES as FAMILIES  # noqa: E402
 
-FAMILIES = ("ar", "mdlm", "bd3lm", "setdlm")
 TIMING = {"latency_seconds", "seconds", "warmup", "batch_size", "code_version", "job_id"}
 # Tiny samples are 63 tokens of a 512-token vocabulary: the paper's thresholds (4 nats, more
 # than 50 tokens, windows of 128) would reject or ignore everything, so they are scaled down.

@@ -79,7 +79,7 @@ def test_the_rules_between_settings_say_the_same_for_both():
         error.value.errors
     )
     assert validation.knob_errors("ar", {"window": 4}, "--{flag}", "m") == [
-        "--window: only SetDLM has a decoding window (m is ar)"
+        "--window: only SetDLM decodes with a window (m is ar)"
     ]
     assert validation.block_errors(5, 64, "--block-size") == [
         "--block-size: 5 does not divide the model length 64"

@@ -142,7 +142,7 @@ BAD_CONFIGS = [
     (_tiny, "models.ar.family", "mdlm", "models.ar.family", "name says ar"),
     (_tiny, "models.ar.checkpoint", {"gsm8k": "gsm8k:ar"}, "models.ar", "not both"),
     (_tiny, "models.ar.train", DELETE, "models.ar", "not neither"),
-    (_tiny, "models.bd3lm-s4.block_size", 8, "models.bd3lm-s4.block_size", "S = 4"),
+    (_tiny, "models.bd3lm-s4.block_size", 8, "models.bd3lm-s4.block_size", "block_size = 4"),
     (_tiny, "models.bd3lm-s4.train", {"length": 66}, "models.bd3lm-s4.block_size", "divide"),
     (_tiny, "models.setdlm-smax8.window", DELETE, "models.setdlm-smax8.window", "W"),
     (_tiny, "models.setdlm-smax8.d", 8, "models.setdlm-smax8.d", "d = 4"),
@@ -152,6 +152,22 @@ BAD_CONFIGS = [
     (_tiny, "tasks.gsm8k.overrides.mdlm.window", 4, "tasks.gsm8k.overrides.mdlm.window", "SetDLM"),
     (_tiny, "tasks.gsm8k.overrides.mdlm.block_size", 5, "tasks.gsm8k.overrides.mdlm.block", "64"),
     (_tiny, "tasks.cnndm.overrides", {"gpt": {}}, "tasks.cnndm.overrides.gpt", "not one of"),
+    (_tiny, "tasks.cnndm.policies", ["dual-cache"], "tasks.cnndm.policies", "not one of AR's"),
+    (_tiny, "tasks.cnndm.policies", ["dual cache"], "tasks.cnndm.policies[0]", "does not match"),
+    (
+        _tiny,
+        "tasks.gsm8k.overrides.mdlm.policies",
+        ["default", "semi-ar"],
+        "tasks.gsm8k.overrides.mdlm.policies",
+        "twice",
+    ),
+    (
+        _tiny,
+        "tasks.gsm8k.overrides",
+        {"bd3lm-s4": {"policies": ["sliding-window"]}},
+        "tasks.gsm8k.overrides.bd3lm-s4.policies",
+        "sliding-window decodes SetDLM",
+    ),
     (
         _tiny,
         "tasks.unconditional.evaluator",
@@ -163,7 +179,13 @@ BAD_CONFIGS = [
     (_tiny, "data.sources.rocstories", "hub", "data.sources.rocstories", "is not one of"),
     (_paper, "models.ar.checkpoint.gsm8k", "gsm8k:arr", "models.ar.checkpoint.gsm8k", "unknown"),
     (_paper, "models.ar.checkpoint.gsm8k", "cnndm:ar", "models.ar.checkpoint.gsm8k", "cnndm"),
-    (_paper, "models.bd3lm-s4.checkpoint.owt", "owt:bd3lm-s8", "models.bd3lm-s4.checkpoint", "S"),
+    (
+        _paper,
+        "models.bd3lm-s4.checkpoint.owt",
+        "owt:bd3lm-s8",
+        "models.bd3lm-s4.checkpoint",
+        "block_size = 8",
+    ),
     (_paper, "models.mdlm.checkpoint.cnndm", DELETE, "models.mdlm.checkpoint", "'cnndm'"),
 ]
 

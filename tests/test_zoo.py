@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 from setdlm import zoo
 from setdlm.checkpoints import CheckpointError, load_model
 from setdlm.core.decoding import DecodeConfig
+from setdlm.model import SlidingWindowOptions
 from setdlm.zoo import PUBLISHED, load_pretrained, resolve
 
 
@@ -66,7 +67,8 @@ def test_loading_by_key_fetches_from_the_hub_and_applies_the_table(
     by_id = load_pretrained("kuleshov-group/setdlm-gsm8k-smax8").model
     direct = load_model(fixture)
     prompt = [[140, 17, 42, 9]]
-    config = DecodeConfig(max_new_tokens=8, window=spec.window, confidence_threshold=0.5)
+    window = SlidingWindowOptions(window=spec.window)
+    config = DecodeConfig(max_new_tokens=8, policy=window, confidence_threshold=0.5)
     assert model.generate(prompt, config).output_ids == direct.generate(prompt, config).output_ids
     assert torch.equal(by_id.backbone.model.lm_head.weight, direct.backbone.model.lm_head.weight)
 

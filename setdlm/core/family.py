@@ -2,9 +2,9 @@
 
 A family (``baselines/ar.py``, ``baselines/mdlm.py``, ``baselines/bd3lm.py``,
 ``setdlm/model.py``) is an ``nn.Module`` holding ``self.backbone`` (so parameter names follow
-the official checkpoints: ``backbone.…``) and implementing two things: ``loss`` (training
-objective and eval NLL, with every random quantity injectable) and ``decode_policy`` (its order
-and cache policy for the shared decoding engine).
+the official checkpoints: ``backbone.…``) and implementing ``loss`` (training objective and
+eval NLL, with every random quantity injectable). It decodes with the policies its row of
+``setdlm/families.py`` lists, through the shared decoding engine.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from setdlm import families
 from setdlm.core.decoding import DecodeConfig, GenerationOutput, OrderPolicy, generate
 from setdlm.core.decoding.pool import FinishedCallback, generate_continuous
 from setdlm.core.outputs import LossOutput
 from setdlm.core.schedules import LinearSchedule, StaggeredSchedule
 
-FAMILIES = ("ar", "mdlm", "bd3lm", "setdlm")
+SCHEDULES = {"linear": LinearSchedule, "staggered": StaggeredSchedule}
 SUBS_MASKED_LOGIT = -1e12  # the official "neg_infinity" of the SUBS parameterization
 
 
@@ -56,25 +57,24 @@ class ModelConfig:
     official_compat: bool = False
 
     def __post_init__(self):
-        if self.family not in FAMILIES:
-            raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
-        if self.family == "bd3lm" and (not self.block_size or self.length % self.block_size):
+        info = families.family(self.family)
+        wanted = SCHEDULES.get(info.schedule)
+        if wanted is None and self.schedule is not None:
             raise ValueError(
-                f"BD3LM needs a block_size dividing length {self.length}, got {self.block_size}"
+                f"{info.title} has no noise schedule, but this config has a "
+                f"{type(self.schedule).__name__} (a diffusion model's config with family "
+                f"{self.family}?)"
             )
-        if self.family == "setdlm":
-            if not isinstance(self.schedule, StaggeredSchedule):
-                raise ValueError("SetDLM needs a StaggeredSchedule (N, d, M, k, b)")
-            if self.length != self.schedule.N:
-                raise ValueError(
-                    f"SetDLM's schedule N ({self.schedule.N}) must equal length {self.length}"
-                )
-        if self.family in ("mdlm", "bd3lm") and not isinstance(self.schedule, LinearSchedule):
-            raise ValueError(f"{self.family} needs a LinearSchedule")
-        if self.family == "ar" and self.schedule is not None:
+        if wanted is not None and not isinstance(self.schedule, wanted):
+            raise ValueError(f"{info.title} needs a {wanted.__name__}")
+        if "block_size" in info.settings and (not self.block_size or self.length % self.block_size):
             raise ValueError(
-                f"AR has no noise schedule, but this config has a {type(self.schedule).__name__}"
-                " (a diffusion model's config with family ar?)"
+                f"{info.title} needs a block_size dividing length {self.length}, got "
+                f"{self.block_size}"
+            )
+        if isinstance(self.schedule, StaggeredSchedule) and self.length != self.schedule.N:
+            raise ValueError(
+                f"{info.title}'s schedule N ({self.schedule.N}) must equal length {self.length}"
             )
 
     # ------------------------------------------------------------------ serialization
@@ -82,7 +82,7 @@ class ModelConfig:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         schedule = self.schedule
         if schedule is not None:
-            kind = "staggered" if isinstance(schedule, StaggeredSchedule) else "linear"
+            kind = next(k for k, kind in SCHEDULES.items() if isinstance(schedule, kind))
             values["schedule"] = {"kind": kind, **dataclasses.asdict(schedule)}
         return values
 
@@ -99,10 +99,9 @@ class ModelConfig:
         if isinstance(schedule, dict):
             schedule = dict(schedule)
             kind = schedule.pop("kind", None)
-            types = {"staggered": StaggeredSchedule, "linear": LinearSchedule}
-            if kind not in types:
-                raise ValueError(f"{source}: schedule.kind must be one of {sorted(types)}")
-            values["schedule"] = types[kind](**schedule)
+            if kind not in SCHEDULES:
+                raise ValueError(f"{source}: schedule.kind must be one of {sorted(SCHEDULES)}")
+            values["schedule"] = SCHEDULES[kind](**schedule)
         return cls(**values)
 
     def digest(self) -> str:
@@ -112,7 +111,7 @@ class ModelConfig:
 
 
 class Family(nn.Module):
-    """Base class of the four families."""
+    """Base class of the families (setdlm/families.py lists them)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -143,9 +142,13 @@ class Family(nn.Module):
     ) -> LossOutput:
         """Training loss in train mode, eval NLL (or its bound) in eval mode."""
 
-    @abstractmethod
-    def decode_policy(self, config: DecodeConfig, **options: Any) -> OrderPolicy:
-        """The family's order and cache policy for the decoding engine."""
+    def decode_policy(self, config: DecodeConfig, **runtime: Any) -> OrderPolicy:
+        """The decoding policy ``config.policy`` names (None: the family's default) with its
+        options; ``runtime`` are per-call inputs of the policy (recorded first-hitting times
+        replayed by the parity check)."""
+        name = None if config.policy is None else config.policy.name
+        info = families.family(self.config.family).policy(name)
+        return families.load(info.path)(self, config, config.policy, **runtime)
 
     # ------------------------------------------------------------------ shared entry points
     def decode_forward(self, input_ids, position_ids, attention_mask, cache, outputs_at=None):
@@ -203,9 +206,10 @@ class Family(nn.Module):
 def default_schedule(family: str, length: int, block_size: int):
     """The schedule of the paper's pairing: linear for MDLM/BD3LM, staggered with d = S and
     smax M = 2S for SetDLM (so SetDLM-smax2S is compared with BD3LM-S), none for AR."""
-    if family in ("mdlm", "bd3lm"):
+    kind = families.family(family).schedule
+    if kind == "linear":
         return LinearSchedule()
-    if family == "setdlm":
+    if kind == "staggered":
         return StaggeredSchedule.from_sizes(N=length, d=block_size)
     return None
 

@@ -21,10 +21,12 @@ from setdlm.core.decoding import DecodeConfig
 from setdlm.eval import arithmetic
 from setdlm.eval.generated_text import text_before_eos
 from setdlm.eval.gsm8k import METRIC_DEFINITIONS as GSM8K_METRICS
-from setdlm.eval.gsm8k import gsm8k_decode_config, score_output
+from setdlm.eval.gsm8k import score_output
 from setdlm.eval.infill import Segments, build_infill_input
 from setdlm.eval.intervals import scored_means
+from setdlm.eval.paper_decoding import paper_decode_config
 from setdlm.eval.runner import Example, Task
+from setdlm.families import family as family_info
 from setdlm.validation import SettingError
 
 VARIANTS = ("solve", "infill")
@@ -45,7 +47,7 @@ MDLM_BLOCK = 8
 def arithmetic_decode_config(model, base: DecodeConfig) -> DecodeConfig:
     """The GSM8K family knobs (BD3LM blocks of S, SetDLM W = d, first-hitting cache order)
     with MDLM's block scaled to these short solutions."""
-    return gsm8k_decode_config(model, base, mdlm_block=MDLM_BLOCK)
+    return paper_decode_config("gsm8k", model, base, mdlm_block=MDLM_BLOCK)
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ class ArithmeticTask(Task):
             mask_token_id=model.config.mask_token_id,
         )
         meta = {"eos_token_id": model.config.eos_token_id, "span_length": full.span_length}
-        if model.config.family == "ar":  # the left context, then exactly the step's length
+        if family_info(model.config.family).left_to_right:  # the left context, then m tokens
             ids = full.input_ids[: full.span_start]
             return Example(problem.id, ids, before, step, meta, max_new_tokens=full.span_length)
         prompt = f"{before}[{full.span_length} masks]{after}"

@@ -1,9 +1,11 @@
 """The ``setdlm eval TASK`` command line: one result folder per decoding point.
 
-Every task takes the model (folder, key or Hub id), the output folder and the family knobs.
-Several ``--threshold`` values make a confidence-threshold sweep: each τ is a result of its own,
-in ``OUT/tau-<τ>/``. The paper's per-family settings (MDLM block, BD3LM S, SetDLM W) are the
-defaults for each task; ``--window`` / ``--block-size`` override them.
+Every task takes the model (folder, key or Hub id), the output folder, the decoding policy
+(``--policy``, default the family's own) and its knobs. Several ``--threshold`` values make a
+confidence-threshold sweep: each τ is a result of its own, in ``OUT/tau-<τ>/`` (with another
+policy than the family's own, ``OUT/<policy>-tau-<τ>/``). The paper's per-family settings (MDLM
+block, BD3LM S, SetDLM W) are the defaults for each task; ``--window`` / ``--block-size``
+override them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from setdlm.core.decoding import DecodeConfig
 from setdlm.eval.runner import BATCHING_CHOICES, resolve_batching
+from setdlm.families import policy_names, with_knobs
 from setdlm.validation import (
     BATCH_SIZE,
     BLOCK_SIZE,
@@ -32,6 +35,7 @@ from setdlm.validation import (
     tokenizer_errors,
     warmup_errors,
 )
+from setdlm.workflow.layout import point_name
 
 TASKS = ("gsm8k", "cnndm", "infill", "unconditional", "likelihood", "arithmetic")
 
@@ -70,9 +74,15 @@ def add_parsers(commands) -> None:
                 default=[1e6],
                 help="confidence τ; several values make a sweep",
             )
+            parser.add_argument(
+                "--policy",
+                choices=policy_names(),
+                default=None,
+                help="decoding policy (setdlm/families.py); default: the family's own",
+            )
             parser.add_argument("--window", type=WINDOW, default=None, help="SetDLM W")
             parser.add_argument(
-                "--block-size", type=BLOCK_SIZE, default=None, help="MDLM/BD3LM block"
+                "--block-size", type=BLOCK_SIZE, default=None, help="decoding block"
             )
             parser.add_argument("--warmup", type=WARMUP, default=1, help="untimed first examples")
             parser.add_argument(
@@ -207,13 +217,13 @@ def _rejection(text: str) -> tuple[float, int, int]:
     return tuple(option(rule)(part) for rule, part in zip(rules, parts, strict=True))
 
 
-def decoding_option_errors(model, source: str, window: int | None, block_size: int | None):
-    """``--window`` and ``--block-size`` against the model: its family must have the knob and
-    a block must tile its length (the rules a workflow configuration is checked by)."""
+def decoding_option_errors(model, source: str, knobs: dict, policy: str | None = None):
+    """``--policy``, ``--window`` and ``--block-size`` against the model: its family must
+    decode with the policy, the policy must have the knobs, and a block must tile its length
+    (the rules a workflow configuration is checked by)."""
     family, length = model.config.family, model.config.length
-    knobs = {"window": window, "block_size": block_size}
-    return knob_errors(family, knobs, "--{flag}", source) + block_errors(
-        block_size, length, "--block-size"
+    return knob_errors(family, knobs, "--{flag}", source, policy) + block_errors(
+        knobs.get("block_size"), length, "--block-size"
     )
 
 
@@ -233,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
     model = loaded.model
     if args.task != "likelihood":
         raise_for(
-            decoding_option_errors(model, args.model, args.window, args.block_size)
+            decoding_option_errors(model, args.model, _knobs(args), args.policy)
             + budget_errors(
                 getattr(args, "max_new_tokens", None), model.config.length, "--max-new-tokens"
             )
@@ -262,8 +272,10 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed, batch_size=args.batch_size, warmup_examples=args.warmup, batching=batching
     )
     sweep = len(args.threshold) > 1
+    # a policy other than the family's own names its points (the workflow's layout)
+    named = None if args.policy == _own_policy(model.config.family) else args.policy
     for threshold in args.threshold:
-        out = args.out / f"tau-{threshold:g}" if sweep else args.out
+        out = args.out / point_name(threshold, named) if sweep else args.out
         metrics = _run_point(args, loaded, tokenizer, threshold, out, settings)
         print(
             json.dumps(
@@ -293,8 +305,23 @@ def _device(name: str):
     return device
 
 
+def _own_policy(family: str) -> str:
+    from setdlm.families import family as family_info
+
+    return family_info(family).default_policy.name
+
+
+def _knobs(args) -> dict:
+    return {"window": args.window, "block_size": args.block_size}
+
+
+def _with_options(decode: DecodeConfig, model, args) -> DecodeConfig:
+    """``decode`` with ``--policy`` and the knob options on top of the task's defaults."""
+    return with_knobs(decode, model.config.family, args.policy, **_knobs(args))
+
+
 def _run_point(args, loaded, tokenizer, threshold: float, out: Path, settings) -> dict:
-    from setdlm.eval.paper_decoding import default_stop_cadence
+    from setdlm.eval.paper_decoding import default_stop_cadence, paper_decode_config
     from setdlm.eval.runner import run_evaluation
 
     model, source = loaded.model, loaded.spec or loaded.model
@@ -303,24 +330,22 @@ def _run_point(args, loaded, tokenizer, threshold: float, out: Path, settings) -
         stop_cadence=args.stop_cadence or default_stop_cadence(loaded.spec),
     )
     if args.task == "gsm8k":
-        from setdlm.eval.gsm8k import GSM8KTask, gsm8k_decode_config
+        from setdlm.eval.gsm8k import GSM8KTask
 
         task = GSM8KTask(
             protocol=args.protocol, limit=args.limit, max_new_tokens=args.max_new_tokens
         )
-        decode = gsm8k_decode_config(model, base)
+        decode = paper_decode_config("gsm8k", model, base)
     elif args.task == "cnndm":
         from setdlm.eval.cnndm import CnnDmSettings, CnnDmTask, settings_for_model_length
-        from setdlm.eval.paper_decoding import cnndm_decode_config
 
         eos = tokenizer.convert_ids_to_tokens(model.config.eos_token_id)
         task_settings = CnnDmSettings(limit=args.limit, stop=args.stop, eos_token=eos)
         if model.config.length < 768:
             task_settings = settings_for_model_length(model.config.length, tokenizer, task_settings)
-        task, decode = CnnDmTask(task_settings), cnndm_decode_config(source, base)
+        task, decode = CnnDmTask(task_settings), paper_decode_config("cnndm", source, base)
     elif args.task == "infill":
         from setdlm.eval.infill import InfillSettings, InfillTask
-        from setdlm.eval.paper_decoding import infill_decode_config
 
         task = InfillTask(
             InfillSettings(
@@ -330,7 +355,9 @@ def _run_point(args, loaded, tokenizer, threshold: float, out: Path, settings) -
                 too_long="skip" if args.skip_too_long else "error",
             )
         )
-        decode = infill_decode_config(source, base.replace(infill_cache=args.infill_cache))
+        decode = paper_decode_config("infill", source, base)
+        if args.infill_cache != "full":  # the policies that infill from both contexts have it
+            decode = with_knobs(decode, model.config.family, infill_cache=args.infill_cache)
     elif args.task == "arithmetic":
         from setdlm.eval.arithmetic_task import (
             ArithmeticSettings,
@@ -349,10 +376,7 @@ def _run_point(args, loaded, tokenizer, threshold: float, out: Path, settings) -
         decode = arithmetic_decode_config(model, base)
     else:
         return _run_unconditional(args, loaded, tokenizer, base, out, settings)
-    if args.window:
-        decode = decode.replace(window=args.window)
-    if args.block_size:
-        decode = decode.replace(block_size=args.block_size)
+    decode = _with_options(decode, model, args)
     metrics = run_evaluation(
         task, model, tokenizer, decode, out, settings, model_source=loaded.source(args.model)
     )
@@ -408,11 +432,7 @@ def _run_unconditional(args, loaded, tokenizer, base: DecodeConfig, out: Path, s
         evaluator=None if args.evaluator == "none" else args.evaluator,
         bootstrap_subsets=args.bootstrap_subsets,
     )
-    decode = base
-    if args.window:
-        decode = decode.replace(window=args.window)
-    if args.block_size:
-        decode = decode.replace(block_size=args.block_size)
+    decode = _with_options(base, loaded.model, args)
     return run_unconditional(
         UnconditionalTask(generation, scoring),
         loaded.model,

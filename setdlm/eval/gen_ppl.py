@@ -112,11 +112,12 @@ class ARFamilyScorer(CausalScorer):
     def __init__(self, folder: str | Path, device="cpu"):
         from setdlm.checkpoints import load_model
         from setdlm.data.tokenizers import load_tokenizer
+        from setdlm.families import family as family_info
 
         self.name = str(folder)  # as given: the metric's identity names it this way
         self.folder = Path(folder).expanduser()
         self.model = load_model(self.folder).to(device).eval()
-        if self.model.config.family != "ar":
+        if not family_info(self.model.config.family).left_to_right:
             raise ValueError(
                 f"{self.folder}: gen-PPL needs a causal LM, but this is a "
                 f"{self.model.config.family} model; use an AR model or a Hub causal LM"

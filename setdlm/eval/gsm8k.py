@@ -328,25 +328,6 @@ METRIC_DEFINITIONS = {
 
 
 # --------------------------------------------------------------------------------------- task
-def gsm8k_decode_config(
-    model, base: DecodeConfig | None = None, mdlm_block: int | None = None
-) -> DecodeConfig:
-    """The paper's GSM8K family knobs (SPEC 5.1 "Pareto settings") on top of ``base``: MDLM
-    blocks of 32 (or ``mdlm_block``) without cache, BD3LM blocks of its S, SetDLM W = d with
-    the first-hitting cache order."""
-    from setdlm.zoo import TASKS
-
-    base = base or DecodeConfig()
-    config = model.config
-    if config.family == "mdlm":
-        return base.replace(block_size=mdlm_block or TASKS["gsm8k"]["mdlm_block"])
-    if config.family == "bd3lm":
-        return base.replace(block_size=config.block_size)
-    if config.family == "setdlm":
-        return base.replace(window=config.schedule.d, fht_cache_order=True)
-    return base
-
-
 class GSM8KTask(Task):
     """The paper's GSM8K protocol for ``run_evaluation``.
 

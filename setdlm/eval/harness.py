@@ -60,6 +60,8 @@ from setdlm.eval.paper_decoding import default_stop_cadence
 from setdlm.eval.records import SampleLog, example_seed
 from setdlm.eval.runner import pooled, resolve_batching
 from setdlm.eval.timing import decoding_fields, summarize_speed, synchronized_timer
+from setdlm.families import family as family_info
+from setdlm.families import with_knobs
 from setdlm.files import atomic_write_json
 from setdlm.paths import data_dir, data_path
 from setdlm.progress import progress_bar
@@ -106,6 +108,7 @@ class SetDLMHarnessLM(LM):
         tokenizer: str | None = None,
         revision: str | None = None,
         threshold: float = 1e6,
+        policy: str | None = None,
         window: int | None = None,
         block_size: int | None = None,
         fht_cache_order: bool | None = None,
@@ -134,19 +137,15 @@ class SetDLMHarnessLM(LM):
         self.tokenizer = load_tokenizer(tokenizer) if tokenizer else load_tokenizer_for(loaded)
         self.source = loaded.source(str(pretrained))
         spec, family = loaded.spec, self.model.config.family
-        # Unset knobs take the published checkpoint's paper setting, else the family default.
-        self.base_decode = DecodeConfig(
+        base = DecodeConfig(
             max_new_tokens=_positive_int("max_new_tokens", max_new_tokens),
             confidence_threshold=float(threshold),
-            window=window if window is not None else (spec.window if spec else None),
-            block_size=block_size
-            if block_size is not None
-            else (spec.mdlm_block if spec and family == "mdlm" else None),
-            fht_cache_order=bool(fht_cache_order)
-            if fht_cache_order is not None
-            else bool(spec and spec.fht_cache_order),
             stop_cadence=stop_cadence or default_stop_cadence(spec),
         )
+        # Unset knobs take the published checkpoint's paper setting, else the policy default.
+        base = with_knobs(base, family, policy, **(spec.decode_knobs() if spec else {}))
+        knobs = {"window": window, "block_size": block_size, "fht_cache_order": fht_cache_order}
+        self.base_decode = with_knobs(base, family, **knobs)
         self.prefix_token_id = self._prefix_token()
         self.generation_records: list[dict] = []
         self.log_dir = Path(log_dir) if log_dir else None
@@ -395,7 +394,7 @@ class SetDLMHarnessLM(LM):
         neither batch size nor request order.
         """
         scores: list[float] = []
-        if self.family == "ar":
+        if family_info(self.family).likelihood_exact:  # deterministic: batched, one draw
             for start in range(0, len(pairs), self.batch_size):
                 chunk = pairs[start : start + self.batch_size]
                 scores += self._row_log_likelihoods(chunk, keys[start : start + len(chunk)], None)

@@ -34,6 +34,7 @@ from setdlm.errors import DataError
 from setdlm.eval.generated_text import flag_counts, output_flags, text_before_eos
 from setdlm.eval.rouge import RougeScorer, RougeSettings, aggregate_rouge
 from setdlm.eval.runner import Example, Task
+from setdlm.families import family as family_info
 from setdlm.files import sha256_file
 from setdlm.paths import data_path
 
@@ -181,7 +182,7 @@ class InfillTask(Task):
     def examples(self, tokenizer, model) -> list[Example]:
         bos, eos = self._special_ids(tokenizer, model)
         mask = model.config.mask_token_id
-        left_context_only = model.config.family == "ar"
+        left_context_only = family_info(model.config.family).left_to_right
         self.skipped = []
         examples = []
         for story in read_stories(self.config.stories_path()):

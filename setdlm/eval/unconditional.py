@@ -33,7 +33,6 @@ from pathlib import Path
 import torch
 
 from setdlm.core.decoding import DecodeConfig
-from setdlm.core.family import FAMILIES
 from setdlm.eval.fingerprint import sample_provenance
 from setdlm.eval.gen_ppl import (
     DEFAULT_EVALUATOR,
@@ -74,6 +73,7 @@ from setdlm.eval.timing import (
     reset_peak_memory,
     synchronized_timer,
 )
+from setdlm.families import family as family_info
 from setdlm.hub import hub_offline, load_hub_dataset, unreachable
 from setdlm.progress import progress_bar
 from setdlm.validation import SettingError
@@ -115,10 +115,9 @@ class GenerationSettings:
     def table4(cls, family: str, **changes) -> GenerationSettings:
         """Paper Table 4's per-family decoding (``table4_decode_overrides``): AR p = 0.90, no
         repetition penalty, stop confidence 0.005; BD3LM and SetDLM p = 0.95, penalty 1.05,
-        stop confidence 0.01. Table 4 has no MDLM row: MDLM gets the diffusion values."""
-        if family not in FAMILIES:
-            raise ValueError(f"family {family!r} is not one of {FAMILIES}")
-        if family == "ar":
+        stop confidence 0.01. Table 4 has no MDLM row: MDLM, like every family that does not
+        decode left to right, gets the diffusion values."""
+        if family_info(family).left_to_right:
             top_p, penalty, confidence = 0.90, 1.00, 0.005
         else:
             top_p, penalty, confidence = 0.95, 1.05, 0.01

@@ -7,7 +7,9 @@ bootstrap interval as an error bar where the evaluation recorded one, and its τ
 unless that label would overprint another (the tables list every τ). GSM8K also draws the
 published curves (SPEC 6.1) dashed, where some point is comparable with them (a published
 checkpoint, the paper's protocol, the whole test set). SetDLM-smax2S and BD3LM-S (the
-paper's pairing, SPEC 3.7) get the same shade of their family's colour.
+paper's pairing, SPEC 3.7) get the same shade of their family's colour. A model decoding with
+a policy other than its family's own (setdlm/families.py) has a dotted curve of its own, its
+legend naming the policy and whether its cache is approximate.
 
 The files are deterministic: matplotlib's own style (not the user's matplotlibrc), its bundled
 font, and no creation date or software version in the PNG and PDF metadata, so regenerating
@@ -25,9 +27,11 @@ import matplotlib.style
 from matplotlib.figure import Figure
 
 from setdlm import published
+from setdlm.families import FAMILY_NAMES
+from setdlm.families import family as family_info
+from setdlm.families import policy as policy_info
 from setdlm.files import atomic_write_bytes
 from setdlm.report.results import (
-    FAMILY_ORDER,
     HEADLINE_QUALITY,
     ResultPoint,
     Results,
@@ -84,14 +88,6 @@ X_AXES = (
     ("tokens_per_second", "speed (tokens/s, mean over examples)"),
     ("parallelism", "parallelism factor (tokens per step)"),
 )
-# Light to dark with size; index 0 is BD3LM S=4 and SetDLM smax8, the paper's smallest pair.
-SHADES = {
-    "ar": ("black",),
-    "mdlm": ("#41ab5d",),
-    "bd3lm": ("#6baed6", "#2171b5", "#08306b"),
-    "setdlm": ("#fc9272", "#ef3b2c", "#99000d"),
-}
-SMALLEST_LOG2 = {"bd3lm": 2, "setdlm": 3}  # S = 4, smax = 8
 PNG_METADATA = {"Software": None}
 PDF_METADATA = {"Creator": None, "Producer": None, "CreationDate": None}
 
@@ -102,27 +98,34 @@ class Curve:
     size: int | None
     published: bool
     points: list[dict] = field(default_factory=list)  # tau, tokens_per_second, parallelism, y
+    policy: str | None = None  # a decoding policy other than the family's own
 
     @property
     def label(self) -> str:
-        return model_title(self.family, self.size) + (" (published)" if self.published else "")
+        label = model_title(self.family, self.size)
+        if self.policy is not None:
+            exact = policy_info(self.policy).exact_cache
+            label += f", {self.policy}" + ("" if exact else " (approx. cache)")
+        return label + (" (published)" if self.published else "")
+
+    @property
+    def style(self) -> str:
+        """Line and marker: published curves dashed, another policy's dotted."""
+        return "--s" if self.published else "-o" if self.policy is None else ":^"
 
     @property
     def color(self) -> str:
-        shades = SHADES[self.family]
-        if self.size is None:
-            return shades[0]
-        index = round(math.log2(self.size)) - SMALLEST_LOG2[self.family]
-        return shades[min(max(index, 0), len(shades) - 1)]
+        return family_info(self.family).colour(self.size)
 
 
 def our_curves(points: list[ResultPoint], spec: FigureSpec) -> list[Curve]:
     curves: dict[tuple, Curve] = {}
-    for point in points:  # already in family, size, τ order
+    for point in points:  # already in family, size, policy, τ order
         value = point.quality(spec.metric)
         low, high = point.interval(spec.metric) or (None, None)
         curve = curves.setdefault(
-            (point.family, point.size), Curve(point.family, point.size, published=False)
+            (point.family, point.size, point.policy),
+            Curve(point.family, point.size, published=False, policy=point.policy),
         )
         curve.points.append(
             {
@@ -166,7 +169,14 @@ def published_curves(task: str, points: list[ResultPoint]) -> list[Curve]:
 def draw(spec: FigureSpec, results: Results) -> Figure:
     points = results.for_task(spec.task)
     curves = our_curves(points, spec) + published_curves(spec.task, points)
-    curves.sort(key=lambda c: (FAMILY_ORDER.index(c.family), c.size or 0, c.published))
+    curves.sort(
+        key=lambda c: (
+            FAMILY_NAMES.index(c.family),
+            c.size or 0,
+            c.published,
+            (c.policy is not None, c.policy or ""),
+        )
+    )
     figure = Figure(figsize=(11, 4.4))
     axes = figure.subplots(1, 2, sharey=True)
     for ax, (x_key, x_label) in zip(axes, X_AXES, strict=True):
@@ -191,9 +201,9 @@ def _draw_curve(ax, curve: Curve, x_key: str) -> bool:
         return False
     xs, ys = [p[x_key] for p in shown], [p["y"] for p in shown]
     if curve.published:
-        ax.plot(xs, ys, "--s", color=curve.color, markerfacecolor="none", label=curve.label)
+        ax.plot(xs, ys, curve.style, color=curve.color, markerfacecolor="none", label=curve.label)
         return True
-    ax.plot(xs, ys, "-o", color=curve.color, label=curve.label, markersize=4)
+    ax.plot(xs, ys, curve.style, color=curve.color, label=curve.label, markersize=4)
     bars = [p for p in shown if p.get("low") is not None and p.get("high") is not None]
     if bars:
         ax.errorbar(

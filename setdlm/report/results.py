@@ -4,7 +4,7 @@
         task:  gsm8k | cnndm | infill-1 | infill-3 | unconditional | likelihood-<data>
                | arithmetic-solve | arithmetic-infill
         model: ar | mdlm | bd3lm-s<S> | setdlm-smax<M>, optionally -<tag> (ar-arith)
-        point: tau-<τ> | default
+        point: [<policy>-]tau-<τ> | default
 
 A point is finished when its ``metrics.json`` exists (the evaluations write it atomically, last).
 Folder names are checked against what the file says it holds (task, family, S or smax, τ):
@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from setdlm.errors import UserError
 from setdlm.eval.records import BATCH_1, speed_protocol
-from setdlm.workflow.layout import model_family
+from setdlm.families import FAMILY_NAMES, MODEL_NAME_HELP, config_size, parse_model_name
+from setdlm.families import family as family_info
+from setdlm.workflow.layout import POINT_NAME
 
-FAMILY_ORDER = ("ar", "mdlm", "bd3lm", "setdlm")
-FAMILY_TITLES = {"ar": "AR", "mdlm": "MDLM", "bd3lm": "BD3LM", "setdlm": "SetDLM"}
 # Folder task name -> the ``task`` field the evaluation writes into metrics.json.
 TASK_FIELDS = {
     "gsm8k": "gsm8k",
@@ -47,7 +46,6 @@ HEADLINE_QUALITY = {
     "arithmetic-infill": "step_exact",
 }
 LIKELIHOOD_HEADLINE = "nll"
-POINT_NAME = re.compile(r"^(?:default|tau-(.+))$")
 
 
 class ResultLayoutError(UserError, ValueError):
@@ -62,6 +60,7 @@ class ResultPoint:
     family: str
     size: int | None  # BD3LM S or SetDLM smax M; None for AR and MDLM
     tau: float | None  # the decoding's confidence threshold; None where it does not apply
+    policy: str | None  # the decoding policy; None: the family's own (or no decoding)
     metrics: dict = field(repr=False, compare=False)
     # throughput.json: the paper's separate batch-1 protocol, when the point ran it
     throughput: dict | None = field(default=None, repr=False, compare=False)
@@ -69,6 +68,23 @@ class ResultPoint:
     @property
     def key(self) -> str:
         return f"{self.task}/{self.model}/{self.point}"
+
+    @property
+    def curve(self) -> str:
+        """The speed-quality curve the point is on: its model, and its policy where that is
+        not the family's own (one curve per model and policy)."""
+        return self.model if self.policy is None else f"{self.model} {self.policy}"
+
+    @property
+    def policy_name(self) -> str | None:
+        """The decoding policy's name, the family's own included (None: no decoding)."""
+        if "decode" not in self.config:
+            return None
+        return self.policy or family_info(self.family).default_policy.name
+
+    @property
+    def config(self) -> dict:
+        return self.metrics.get("config", {})
 
     def quality(self, name: str) -> float | None:
         entry = self.metrics.get("quality", {}).get(name)
@@ -104,8 +120,10 @@ class ResultPoint:
         # τ from large to small: the sweep goes from one token per step to the fastest point.
         return (
             self.task,
-            FAMILY_ORDER.index(self.family),
+            FAMILY_NAMES.index(self.family),
             self.size or 0,
+            self.model,
+            (self.policy is not None, self.policy or ""),  # the family's own policy first
             -(self.tau if self.tau is not None else math.inf),
             self.point,
         )
@@ -159,7 +177,7 @@ def read_point(folder: Path, metrics_path: Path) -> ResultPoint:
         )
     _check_task(metrics_path, task, metrics)
     family, size = _parse_model(metrics_path, model, metrics)
-    tau = _parse_point(metrics_path, point, family, metrics)
+    tau, policy = _parse_point(metrics_path, point, family, metrics)
     throughput_path = folder / "throughput.json"
     throughput = None
     if throughput_path.exists():
@@ -167,7 +185,7 @@ def read_point(folder: Path, metrics_path: Path) -> ResultPoint:
             throughput = json.loads(throughput_path.read_text())
         except ValueError as error:
             raise ResultLayoutError(f"{throughput_path}: not valid JSON ({error})") from None
-    return ResultPoint(task, model, point, family, size, tau, metrics, throughput)
+    return ResultPoint(task, model, point, family, size, tau, policy, metrics, throughput)
 
 
 def _check_task(path: Path, task: str, metrics: dict) -> None:
@@ -190,10 +208,10 @@ def _check_task(path: Path, task: str, metrics: dict) -> None:
 
 
 def _parse_model(path: Path, model: str, metrics: dict) -> tuple[str, int | None]:
-    parsed = model_family(model)
+    parsed = parse_model_name(model)
     if parsed is None:
         raise ResultLayoutError(
-            f"{path}: model folder {model!r} is not ar, mdlm, bd3lm-s<S> or setdlm-smax<M> "
+            f"{path}: model folder {model!r} is not {MODEL_NAME_HELP} "
             "(each optionally followed by -<tag>)"
         )
     family, size = parsed
@@ -201,35 +219,45 @@ def _parse_model(path: Path, model: str, metrics: dict) -> tuple[str, int | None
     recorded = config.get("family")
     if recorded != family:
         raise ResultLayoutError(f"{path}: folder {model!r} holds a {recorded!r} model")
-    if family == "bd3lm" and config.get("block_size") != size:
+    info = family_info(family)
+    if info.size is not None and config_size(info, config) != size:
         raise ResultLayoutError(
-            f"{path}: folder {model!r} holds a BD3LM with S = {config.get('block_size')}"
-        )
-    if family == "setdlm" and (config.get("schedule") or {}).get("M") != size:
-        raise ResultLayoutError(
-            f"{path}: folder {model!r} holds a SetDLM with smax M = "
-            f"{(config.get('schedule') or {}).get('M')}"
+            f"{path}: folder {model!r} holds a {info.title} with {info.size.symbol} = "
+            f"{config_size(info, config)}"
         )
     return family, size
 
 
-def _parse_point(path: Path, point: str, family: str, metrics: dict) -> float | None:
+def _parse_point(
+    path: Path, point: str, family: str, metrics: dict
+) -> tuple[float | None, str | None]:
+    """(τ, policy) of a point folder, checked against what its metrics.json says: τ None where
+    it does not apply, policy None for the family's own."""
     match = POINT_NAME.match(point)
     if not match:
-        raise ResultLayoutError(f"{path}: point folder {point!r} is not 'default' or 'tau-<τ>'")
+        raise ResultLayoutError(
+            f"{path}: point folder {point!r} is not 'default', 'tau-<τ>' or '<policy>-tau-<τ>'"
+        )
     decode = metrics.get("config", {}).get("decode")
     if decode is None:  # likelihood: no decoding
-        return None
+        return None, None
+    policy = decode.get("policy")  # recorded only for a policy other than the family's own
+    if match["policy"] != policy:
+        said = f"policy {match['policy']!r}" if match["policy"] else "the family's own policy"
+        raise ResultLayoutError(
+            f"{path}: folder {point!r} says {said}, but the run decoded with "
+            f"{policy or family_info(family).default_policy.name!r}"
+        )
     tau = float(decode["confidence_threshold"])
-    if match.group(1) is not None:
+    if match["tau"] is not None:
         try:
-            named = float(match.group(1))
+            named = float(match["tau"])
         except ValueError:
             raise ResultLayoutError(f"{path}: point folder {point!r}: τ is not a number") from None
         if not math.isclose(named, tau, rel_tol=1e-9):
             raise ResultLayoutError(f"{path}: folder {point!r} holds a run at τ = {tau:g}")
     # AR commits one token per step whatever τ is: its τ is not a setting of the point.
-    return None if family == "ar" else tau
+    return (None if family_info(family).left_to_right else tau), policy
 
 
 def quality_interval(metrics: dict, name: str) -> tuple[float, float] | None:
@@ -248,11 +276,7 @@ def is_number(value) -> bool:
 
 
 def model_title(family: str, size: int | None) -> str:
-    if family == "bd3lm":
-        return f"BD3LM S={size}"
-    if family == "setdlm":
-        return f"SetDLM smax{size}"
-    return FAMILY_TITLES[family]
+    return family_info(family).model_title(size)
 
 
 def format_tau(tau: float | None) -> str:

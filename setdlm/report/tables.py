@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from setdlm import published
+from setdlm.families import FAMILY_NAMES
+from setdlm.families import family as family_info
+from setdlm.families import policy as policy_info
 from setdlm.files import atomic_write_text
 from setdlm.report.aup import ALPHA, aup
 from setdlm.report.results import (
-    FAMILY_ORDER,
     HEADLINE_QUALITY,
     ResultPoint,
     Results,
@@ -217,7 +219,7 @@ def decoding_table(spec: TableSpec, results: Results) -> Table:
     )
     rows = [_decoding_row(p, spec) for p in points]
     notes = [spec.units, SPEED_NOTE, *_result_notes(points, spec, results)]
-    notes += [*aup_notes(points), NO_PUBLISHED]
+    notes += [*policy_notes(points), *aup_notes(points), NO_PUBLISHED]
     return Table(spec.key, spec.title, columns, rows, notes)
 
 
@@ -230,15 +232,15 @@ def aup_notes(points: list[ResultPoint]) -> list[str]:
         if not scored or not any(p.tau is not None for p in scored):
             continue
         reference = max(p.quality(headline) for p in scored)
-        by_model: dict[str, list[tuple[float, float]]] = {}
+        by_curve: dict[str, list[tuple[float, float]]] = {}
         for p in scored:
             parallelism = p.speed("parallelism_mean")
             if parallelism is not None:
-                by_model.setdefault(p.model, []).append((parallelism, p.quality(headline)))
+                by_curve.setdefault(p.curve, []).append((parallelism, p.quality(headline)))
         shown = "; ".join(
-            f"{model} {100 * aup(curve, reference).value:.1f} ({len(curve)} point"
+            f"{name} {100 * aup(curve, reference).value:.1f} ({len(curve)} point"
             f"{'s' if len(curve) != 1 else ''})"
-            for model, curve in by_model.items()
+            for name, curve in by_curve.items()
         )
         notes.append(
             f"AUP ({task}, {headline} × parallelism, in % × tokens/step; {ALPHA:g} = α, "
@@ -252,9 +254,25 @@ def aup_notes(points: list[ResultPoint]) -> list[str]:
 def _identity_columns() -> list[Column]:
     return [
         Column("model", "model"),
+        Column("policy", "policy"),
         Column("tau", "τ", show=format_tau),
         Column("examples", "examples", 0),
     ]
+
+
+def policy_notes(points: list[ResultPoint]) -> list[str]:
+    """What each decoding policy of the rows does, and whether its cache is exact."""
+    names = list(dict.fromkeys(p.policy_name for p in points if p.policy_name))
+    if not names:
+        return []
+    described = []
+    for name in names:
+        info = policy_info(name)
+        cache = (
+            "exact cache" if info.exact_cache else "APPROXIMATE cache (trades accuracy for speed)"
+        )
+        described.append(f"{name} ({cache}): {info.summary}")
+    return ["Decoding policies (setdlm/families.py): " + "; ".join(described) + "."]
 
 
 def _decoding_row(point: ResultPoint, spec: TableSpec) -> dict:
@@ -263,6 +281,7 @@ def _decoding_row(point: ResultPoint, spec: TableSpec) -> dict:
     return {
         "task": point.task,
         "model": point.model,
+        "policy": point.policy_name,
         "tau": point.tau,
         "examples": point.metrics.get("examples"),
         **{m.name: m.cell(point) for m in spec.metrics},
@@ -324,23 +343,38 @@ def gsm8k_table(results: Results) -> Table:
         return _gsm8k_table_without_published(results, points, reasons)
     rows, matched = [], set()
     for point in points:
-        reference = published.match_gsm8k(point.family, point.size, point.tau)
+        # the published points decoded with each family's own policy
+        reference = (
+            published.match_gsm8k(point.family, point.size, point.tau)
+            if point.policy is None
+            else None
+        )
         if reference is not None:
             matched.add(id(reference))  # its row is ours, compared or not
         if reasons[point.key]:
             row = _decoding_row(point, GSM8K) | {
                 "published": f"not comparable: {reasons[point.key]}"
             }
-            rows.append(((point.family, point.size, point.tau, point.point), row))
+            rows.append((point.sort_key()[1:], row))
             continue
         row = _decoding_row(point, GSM8K) | _published_cells(reference, point)
-        rows.append(((point.family, point.size, point.tau, point.point), row))
+        rows.append((point.sort_key()[1:], row))
     for reference in published.gsm8k_points():
         if id(reference) not in matched:
-            row = {"model": _model_name(reference.family, reference.size)}
-            row |= {"tau": reference.tau} | _published_cells(reference, None)
-            rows.append(((reference.family, reference.size, reference.tau, ""), row))
-    rows.sort(key=lambda item: _row_order(*item[0]))
+            info = family_info(reference.family)
+            row = {"model": info.model_name(reference.size)}
+            row |= {"policy": info.default_policy.name, "tau": reference.tau}
+            row |= _published_cells(reference, None)
+            order = (
+                FAMILY_NAMES.index(reference.family),
+                reference.size or 0,
+                row["model"],
+                (False, ""),
+                -(reference.tau if reference.tau is not None else math.inf),
+                "",
+            )
+            rows.append((order, row))
+    rows.sort(key=lambda item: item[0])
     columns = (
         _identity_columns()
         + [m.column() for m in GSM8K.metrics]
@@ -352,6 +386,7 @@ def gsm8k_table(results: Results) -> Table:
         f"{GSM8K.units} {GSM8K_DELTAS}",
         SPEED_NOTE,
         *_result_notes(points, GSM8K, results),
+        *policy_notes(points),
         f"Published numbers: {published.PROVENANCE}. Matched by family, size and τ (AR: its "
         "one point). BD3LM's τ were not recorded: they are presumed to follow the sweep "
         f"({', '.join(format_tau(t) for t in published.GSM8K_TAUS)}) in order ('τ presumed'). "
@@ -373,6 +408,7 @@ def _gsm8k_table_without_published(results: Results, points, reasons: dict) -> T
         GSM8K.units,
         SPEED_NOTE,
         *_result_notes(points, GSM8K, results),
+        *policy_notes(points),
         f"Not comparable with the published numbers ({published.PROVENANCE}): {why}. "
         "No Δ is shown; the published points are compared only where the configuration is "
         "the published one.",
@@ -431,20 +467,6 @@ def _agreement(point: ResultPoint, reference) -> str:
 
 def _difference(ours, theirs):
     return None if ours is None else ours - theirs
-
-
-def _model_name(family: str, size: int | None) -> str:
-    """The model folder name of the shared layout."""
-    return {"bd3lm": f"bd3lm-s{size}", "setdlm": f"setdlm-smax{size}"}.get(family, family)
-
-
-def _row_order(family: str, size: int | None, tau: float | None, point: str) -> tuple:
-    return (
-        FAMILY_ORDER.index(family),
-        size or 0,
-        -(tau if tau is not None else math.inf),
-        point,
-    )
 
 
 # -------------------------------------------------------------------------------- likelihood

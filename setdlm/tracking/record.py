@@ -2,17 +2,18 @@
 
 Params describe the point (they never change for a config hash): the family, the checkpoint and
 its config hash, every decoding knob, the model config, the task settings, the run settings.
-A few knobs the paper speaks in (τ, W, d, M, block size, steps) are repeated at the top level
-so that ``params.W = '16'`` works in the UI's search box. Metrics are the numbers measured:
-quality (every reported variant) and speed. Tags say how and where the result was computed.
+The decoding policy and the knobs the paper speaks in (τ, W, d, M, block size, steps) are
+repeated at the top level so that ``params.W = '16'`` works in the UI's search box. Metrics are
+the numbers measured: quality (every reported variant) and speed. Tags say how and where the
+result was computed.
 Names are flattened with dots (``decode.top_p``, ``quality.rouge1.bootstrap_95.0``).
 
 A few key metrics are repeated under short names that are the same in every experiment
 (``quality``: the task's headline quality, the y axis of its figure, with ``quality_low`` and
 ``quality_high`` its 95 % interval where recorded; ``accuracy`` on GSM8K and arithmetic-solve;
 ``tokens_per_second``, ``parallelism``, ``nfe``), so the runs table and a speed-quality scatter
-need no search through hundreds of names. The points of one (task, model) sweep share a parent
-run, and the run carries the evaluation's own start and end times.
+need no search through hundreds of names. The points of one (task, model, decoding policy) sweep
+share a parent run, and the run carries the evaluation's own start and end times.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from setdlm.eval.records import config_hash
+from setdlm.families import family as family_info
 from setdlm.report.results import (
     HEADLINE_QUALITY,
     LIKELIHOOD_HEADLINE,
@@ -39,12 +41,12 @@ MAX_KEY_LENGTH = 250
 MAX_PARAM_LENGTH = 6000
 MAX_TAG_LENGTH = 8000
 # Bump when the mapping below changes, so finished runs are refreshed by the next sync.
-MAPPING_VERSION = "2"
+MAPPING_VERSION = "3"
 
 IDENTITY_TAG = "setdlm.config_hash"  # the run's identity: one run per config hash
 SYNCED_TAG = "setdlm.synced"  # written last: the fingerprint of what the run mirrors
 STALE_TAG = "setdlm.stale_params"  # params whose value changed after they were logged
-SWEEP_TAG = "setdlm.sweep"  # on a sweep's parent run: <config>/<task>/<model>
+SWEEP_TAG = "setdlm.sweep"  # on a sweep's parent run: <config>/<task>/<model>[ <policy>]
 SUPERSEDED_TAG = "setdlm.superseded_by"  # on a run whose folder now holds another config
 # Short, stable names of the key metrics: (name, speed field) for speed.
 KEY_SPEED = (
@@ -77,7 +79,8 @@ class RunRecord:
     tags: dict[str, str]
     artifacts: list[Path]
     fingerprint: str
-    sweep: str  # <config>/<task>/<model>: the points of one sweep share a parent run
+    # <config>/<task>/<model>[ <policy>]: the points of one sweep share a parent run
+    sweep: str
     start_ms: int | None  # the evaluation's own start and end (ms since the epoch)
     end_ms: int | None
 
@@ -111,7 +114,7 @@ def run_record(point: ResultPoint) -> RunRecord:
         tags={_key(k): _text(v, MAX_TAG_LENGTH) for k, v in tags.items()},
         artifacts=point.artifacts,
         fingerprint=_fingerprint(point),
-        sweep=f"{point.config_name}/{point.task}/{point.model}",
+        sweep=f"{point.config_name}/{point.task}/{_curve(point)}",
         start_ms=_milliseconds(times.get("started_at")),
         end_ms=_milliseconds(times.get("finished_at")),
     )
@@ -173,13 +176,17 @@ def _params(point: ResultPoint) -> dict[str, str]:
         for key in ("hub_id", "commit"):
             if marker.get(key):
                 values[f"checkpoint_{key}"] = marker[key]
+    # A named policy's knobs, or the flat layout of the families' own policies.
+    options = decode.get("options") or decode
     knobs = {
+        # The decoding policy (each its own curve); None for a result without decoding.
+        "policy": _policy(decode, model_config.get("family")),
         "tau": decode.get("confidence_threshold"),
-        "W": decode.get("window"),
+        "W": options.get("window"),
         "d": schedule.get("d"),
         "M": schedule.get("M"),
         # The decoding block (MDLM, BD3LM), else the training block (BD3LM likelihood).
-        "block_size": decode.get("block_size") or model_config.get("block_size"),
+        "block_size": options.get("block_size") or model_config.get("block_size"),
         "num_steps": decode.get("num_steps"),
     }
     # Knobs a family does not have are logged as "null": every run then has every column.
@@ -194,6 +201,20 @@ def _params(point: ResultPoint) -> dict[str, str]:
 
 
 _CONSUMED = {"task", "task_settings", "model_config", "model_source", "decode", "seed"}
+
+
+def _curve(point: ResultPoint) -> str:
+    """The model, and the decoding policy where it is not the family's own: each its own
+    sweep (parent run) and curve."""
+    policy = (point.metrics["config"].get("decode") or {}).get("policy")
+    return point.model if policy is None else f"{point.model} {policy}"
+
+
+def _policy(decode: dict, family: str | None) -> str | None:
+    """The decoding policy's name: recorded for a policy other than the family's own."""
+    if not decode:
+        return None
+    return decode.get("policy") or family_info(family).default_policy.name
 
 
 def _quality_metrics(quality: dict) -> dict[str, float]:

@@ -156,7 +156,8 @@ def _complete(client, run, record: RunRecord, experiment_id: str) -> None:
 
 
 def sweep_parent(client, experiment_id: str, sweep: str) -> str:
-    """The parent run of a (task, model) sweep, created the first time one of its points is."""
+    """The parent run of a (task, model, policy) sweep, created the first time one of its
+    points is; named after its model (and policy)."""
     runs = runs_tagged(client, experiment_id, SWEEP_TAG, sweep)
     if runs:
         return runs[0].info.run_id

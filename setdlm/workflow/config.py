@@ -25,6 +25,8 @@ import yaml
 
 from setdlm import validation
 from setdlm.errors import UserError
+from setdlm.families import FAMILIES, MODEL_NAME_HELP, UnknownNameError, parse_model_name
+from setdlm.families import family as family_info
 from setdlm.validation import (
     block_errors,
     budget_errors,
@@ -38,7 +40,6 @@ from setdlm.workflow.layout import (
     DECODING_TASKS,
     LIKELIHOOD_TASKS,
     TASK_DOMAIN,
-    model_family,
     point_name,
 )
 
@@ -148,8 +149,7 @@ def schema_errors(instance: Any, schema: dict) -> list[str]:
                 errors.append(f"{key_path([*path, name])}: unknown key")
         elif "propertyNames" in error.schema_path:  # the key itself is malformed
             errors.append(
-                f"{key_path([*path, error.instance])}: not a model name "
-                f"(ar, mdlm, bd3lm-s<S>, setdlm-smax<M>)"
+                f"{key_path([*path, error.instance])}: not a model name ({MODEL_NAME_HELP})"
             )
         elif _is_value_rule(error.schema):  # a rule the command line shares: the same words
             message = f"{key_path(path)}: {error.instance!r} is not {expectation(error.schema)}"
@@ -243,7 +243,7 @@ def train_corpus(config: dict, name: str) -> str:
 
 def _model_errors(name: str, entry: dict, config: dict, published: dict) -> list[str]:
     where = f"models.{name}"
-    family, size = model_family(name)
+    family, size = parse_model_name(name)
     errors = []
     if entry["family"] != family:
         errors.append(f"{where}.family: {entry['family']!r}, but the name says {family}")
@@ -277,45 +277,56 @@ def _model_errors(name: str, entry: dict, config: dict, published: dict) -> list
 
 
 def _size_errors(where: str, family: str, size: int | None, entry: dict) -> list[str]:
+    """The settings a family has (families.py ``settings``), and the size its name says."""
+    info = family_info(family)
     errors = []
-    if family != "bd3lm" and "block_size" in entry:
-        errors.append(
-            f"{where}.block_size: only BD3LM has a training block size "
-            f"(decoding blocks are set per task under tasks.<task>.overrides)"
-        )
-    if family != "setdlm":
-        for key in ("d", "window"):
-            if key in entry:
-                errors.append(f"{where}.{key}: only SetDLM has {key}")
-    if family == "bd3lm" and entry.get("block_size") != size:
-        errors.append(
-            f"{where}.block_size: BD3LM needs its block size S = {size} (the name says s{size}), "
-            f"got {entry.get('block_size')}"
-        )
-    if family == "setdlm":
-        if size % 2:
-            errors.append(f"{where}: smax{size} is odd, but smax M = 2d")
-        elif entry.get("d") != size // 2:
+    for key in ("block_size", "d", "window"):
+        if key in entry and key not in info.settings:
+            holders = [f.title for f in FAMILIES.values() if key in f.settings]
             errors.append(
-                f"{where}.d: SetDLM needs d = {size // 2} (smax{size} means M = 2d), "
-                f"got {entry.get('d')}"
+                f"{where}.{key}: only {' and '.join(holders)} has {SETTING_WORDS[key]}"
+                + (
+                    " (decoding blocks are set per task under tasks.<task>.overrides)"
+                    if key == "block_size"
+                    else ""
+                )
             )
-        if "window" not in entry:
+    for key in info.settings:
+        if key not in entry:
+            errors.append(f"{where}.{key}: {info.title} needs its {SETTING_WORDS[key]}")
+    rule = info.size
+    if rule is not None and not errors:
+        value = entry[rule.setting]
+        if size % rule.multiple:
             errors.append(
-                f"{where}.window: SetDLM needs its decoding window W (the paper uses W = d)"
+                f"{where}: {rule.letter}{size} is not a multiple of {rule.multiple}, but "
+                f"{rule.symbol} = {rule.multiple} x {rule.setting}"
+            )
+        elif value * rule.multiple != size:
+            errors.append(
+                f"{where}.{rule.setting}: {info.title} needs {rule.setting} = "
+                f"{size // rule.multiple} (the name says {rule.letter}{size}), got {value}"
             )
     return errors
 
 
+# How messages name the model settings.
+SETTING_WORDS = {
+    "block_size": "a training block size S",
+    "d": "a desired block size d (smax M = 2d)",
+    "window": "a decoding window W (the paper uses W = d)",
+}
+
+
 def _length_errors(where: str, family: str, entry: dict, length: int, length_key: str):
-    if family == "bd3lm" and length % entry["block_size"]:
+    if "block_size" in entry and length % entry["block_size"]:
         return [
             f"{where}.block_size: S = {entry['block_size']} does not divide the model length "
             f"{length} ({length_key})"
         ]
-    if family == "setdlm" and 2 * entry["d"] > length:
+    if "d" in entry and 2 * entry["d"] > length:
         return [f"{where}.d: smax 2d = {2 * entry['d']} exceeds the model length {length}"]
-    if family == "setdlm" and entry["window"] > length:
+    if "window" in entry and entry["window"] > length:
         return [f"{where}.window: W = {entry['window']} exceeds the model length {length}"]
     return []
 
@@ -329,10 +340,12 @@ def _checkpoint_errors(where: str, domain: str, key: str, entry: dict, published
         errors.append(f"{where}: {key} is a {spec['task']} checkpoint, not a {domain} one")
     if spec["family"] != entry["family"]:
         errors.append(f"{where}: {key} is a {spec['family']} model, not {entry['family']}")
-    elif entry["family"] == "bd3lm" and spec["block_size"] != entry["block_size"]:
-        errors.append(f"{where}: {key} has S = {spec['block_size']}, not {entry['block_size']}")
-    elif entry["family"] == "setdlm" and spec["d"] != entry["d"]:
-        errors.append(f"{where}: {key} has d = {spec['d']}, not {entry['d']}")
+    else:
+        for setting in ("block_size", "d"):  # the published table's sizes (models.yaml)
+            if setting in entry and spec[setting] != entry[setting]:
+                errors.append(
+                    f"{where}: {key} has {setting} = {spec[setting]}, not {entry[setting]}"
+                )
     return errors or _length_errors(where, entry["family"], entry, spec["length"], key)
 
 
@@ -376,6 +389,9 @@ def _task_errors(task: str, settings: dict, config: dict, published: dict) -> li
                     errors += budget_errors(
                         settings["max_new_tokens"], length, f"{where}.max_new_tokens ({name})"
                     )
+        for name in settings["models"]:
+            if _has_checkpoint_for(models.get(name), task):
+                errors += _policy_errors(task, settings, name, models[name]["family"])
         for name, override in settings["overrides"].items():
             errors += _override_errors(name, override, task, config, published)
     if task == "unconditional":
@@ -393,6 +409,45 @@ def _threshold_errors(where: str, thresholds: list[float]) -> list[str]:
                 f"{point_name(tau)} as {where}[{seen[point_name(tau)]}]"
             )
         seen.setdefault(point_name(tau), index)
+    return errors
+
+
+def model_policies(settings: dict, name: str, family: str) -> list[str | None]:
+    """The decoding policies a task's model decodes with (its override's, else the task's), as
+    its point folders name them: None for the family's own policy (``tau-<τ>``), else the
+    policy's name (``<policy>-tau-<τ>``)."""
+    own = family_info(family).default_policy.name
+    override = settings.get("overrides", {}).get(name, {})
+    names = override.get("policies") or settings.get("policies") or ["default"]
+    return [None if policy in ("default", own) else policy for policy in names]
+
+
+def _policy_errors(task: str, settings: dict, name: str, family: str) -> list[str]:
+    """Policies the model's family does not decode with, or its own named twice."""
+    override = settings["overrides"].get(name, {})
+    where = (
+        f"tasks.{task}.overrides.{name}.policies"
+        if "policies" in override
+        else (f"tasks.{task}.policies")
+    )
+    info = family_info(family)
+    errors = []
+    for policy in override.get("policies") or settings["policies"]:
+        if policy == "default":
+            continue
+        try:
+            info.policy(policy)
+        except UnknownNameError as error:
+            errors.append(
+                f"{where}: {error} ({name} is {family}; give {name} its own list "
+                f"under tasks.{task}.overrides.{name}.policies)"
+            )
+    resolved = model_policies(settings, name, family)
+    if len(set(resolved)) != len(resolved):
+        errors.append(
+            f"{where}: names {name}'s own policy ({info.default_policy.name}) twice ('default' "
+            "is that policy)"
+        )
     return errors
 
 
@@ -414,7 +469,9 @@ def _override_errors(name: str, override: dict, task: str, config: dict, publish
     family = entry["family"]
     errors = _threshold_errors(f"{where}.thresholds", override.get("thresholds", []))
     knobs = {knob: override.get(knob) for knob in ("window", "block_size")}
-    errors += knob_errors(family, knobs, where + ".{knob}", name)
+    for policy in model_policies(config["tasks"][task], name, family):
+        errors += knob_errors(family, knobs, where + ".{knob}", name, policy)
+    errors = list(dict.fromkeys(errors))
     if "block_size" in override and not errors:
         length = model_length(config, published, name, task)
         errors += block_errors(override["block_size"], length, f"{where}.block_size")
@@ -427,7 +484,7 @@ def _evaluator_errors(where: str, evaluator, models: dict) -> list[str]:
     name = evaluator["model"]
     if name not in models:
         return [f"{where}.model: {name!r} is not defined under `models`"]
-    if "train" not in models[name] or models[name]["family"] != "ar":
+    if "train" not in models[name] or not family_info(models[name]["family"]).left_to_right:
         return [
             f"{where}.model: {name!r} must be an AR model trained by this workflow "
             f"(gen-PPL scores text with a causal model folder)"

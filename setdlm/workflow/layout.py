@@ -7,11 +7,13 @@
         logs/                        one log per job (flat: nothing in it looks like a result)
     <results>/mlflow.db, <results>/tables/<config name>/, <results>/figures/<config name>/
 
-Model names say the family and size: ``ar``, ``mdlm``, ``bd3lm-s<S>``, ``setdlm-smax<M>``
-(M = 2d, the paper's pairing of SetDLM-smax2S with BD3LM-S), optionally followed by a tag
-that tells two models of one family and size apart (``ar-arith``: trained on the arithmetic
-problems). A decoding point is
-``tau-<τ:g>`` (always, even for one τ); likelihood has the single point ``default``.
+Model names say the family and size (setdlm/families.py holds the grammar): ``ar``, ``mdlm``,
+``bd3lm-s<S>``, ``setdlm-smax<M>`` (M = 2d, the paper's pairing of SetDLM-smax2S with
+BD3LM-S), optionally followed by a tag that tells two models of one family and size apart
+(``ar-arith``: trained on the arithmetic problems). A decoding point is
+``tau-<τ:g>`` (always, even for one τ), or ``<policy>-tau-<τ:g>`` when it decodes with a
+policy other than the family's own (setdlm/families.py); likelihood has the single point
+``default``.
 """
 
 from __future__ import annotations
@@ -19,12 +21,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-MODEL_NAME = re.compile(
-    r"^(?:(?P<plain>ar|mdlm)|bd3lm-s(?P<s>[1-9]\d*)|setdlm-smax(?P<m>[1-9]\d*))"
-    r"(?:-(?P<tag>[a-z][a-z0-9]*))?$"
-)
-# The same grammar for Snakemake's {model} wildcard (no anchors, no named groups).
-MODEL_WILDCARD = re.sub(r"\(\?P<\w+>", "(?:", MODEL_NAME.pattern.strip("^$"))
+from setdlm.families import MODEL_WILDCARD, parse_model_name  # noqa: F401  (the layout's names)
 
 # arithmetic-*: the synthetic task of setdlm/eval/arithmetic.py (solve, and infill one step)
 ARITHMETIC_TASKS = ("arithmetic-solve", "arithmetic-infill")
@@ -79,18 +76,6 @@ TABLE_FILES = {
 FIGURE_FORMATS = ("png", "pdf")
 
 
-def model_family(name: str) -> tuple[str, int | None] | None:
-    """(family, size) from a model name: S for BD3LM, M = smax for SetDLM; None if malformed."""
-    match = MODEL_NAME.match(name)
-    if match is None:
-        return None
-    if match["plain"]:
-        return match["plain"], None
-    if match["s"]:
-        return "bd3lm", int(match["s"])
-    return "setdlm", int(match["m"])
-
-
 def table_files(folder: str, table: str) -> list[str]:
     return [f"{folder}/{TABLE_FILES[table]}.{fmt}" for fmt in TABLE_FORMATS]
 
@@ -99,8 +84,14 @@ def figure_files(folder: str, task: str) -> list[str]:
     return [f"{folder}/{task}_pareto.{fmt}" for fmt in FIGURE_FORMATS]
 
 
-def point_name(threshold: float) -> str:
-    return f"tau-{threshold:g}"
+def point_name(threshold: float, policy: str | None = None) -> str:
+    """``tau-<τ>`` for the family's own decoding policy (policy None), ``<policy>-tau-<τ>`` for
+    another one: each (policy, τ) is a point, and each policy a curve of its own."""
+    return f"tau-{threshold:g}" if policy is None else f"{policy}-tau-{threshold:g}"
+
+
+# A point folder: "default" (likelihood), or [<policy>-]tau-<τ>.
+POINT_NAME = re.compile(r"^(?:default|(?:(?P<policy>[a-z][a-z0-9-]*?)-)?tau-(?P<tau>.+))$")
 
 
 def run_dir(results: str | Path, name: str) -> Path:

@@ -34,11 +34,9 @@ def models_table() -> dict:
         checkpoints[key] = settings
     # zoo.resolve also reads "<domain>:setdlm-d<d>" as smax 2d; list the published ones.
     aliases = {
-        f"{spec.task}:setdlm-d{size}": f"{spec.task}:setdlm-smax{2 * size}"
+        f"{spec.task}:setdlm-d{spec.d}": f"{spec.task}:setdlm-smax{2 * spec.d}"
         for spec in PUBLISHED.values()
-        if spec.family == "setdlm"
-        for size in SIZES
-        if spec.d == size
+        if spec.d in SIZES  # a SetDLM's d
     }
     return {"checkpoints": checkpoints, "aliases": aliases}
 

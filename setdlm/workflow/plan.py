@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from setdlm.families import family as family_info
 from setdlm.git import head_commit
 from setdlm.workflow import datasets
 from setdlm.workflow.config import (
@@ -24,6 +25,7 @@ from setdlm.workflow.config import (
     datasets_needed,
     digest,
     load_published,
+    model_policies,
     resolve_key,
     resolved_train_settings,
     task_dataset,
@@ -47,11 +49,8 @@ from setdlm.workflow.layout import (
 
 # Resources of a stage that neither the stage nor `resources.default` sets.
 BASE_RESOURCES = {"cpus": 1, "mem_mb": 4000, "runtime": 60, "gpus": 0}
-# Relative training cost per position: BD3LM and SetDLM run their loss over the noisy and the
-# clean sequence concatenated (2L), AR and MDLM over L.
-TRAINING_COST = {"ar": 1, "mdlm": 1, "bd3lm": 2, "setdlm": 2}
 # Settings that choose which jobs exist rather than what one job computes.
-NOT_PER_POINT = ("models", "thresholds", "overrides")
+NOT_PER_POINT = ("models", "thresholds", "overrides", "policies")
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,9 @@ class Plan:
         first, so that on a few cores the longest trainings start before anything waits."""
         settings = resolved_train_settings(self.config, name)
         cost = settings["steps"] * settings["batch_size"] * settings["length"]
-        return 1 + cost * TRAINING_COST[self.config["models"][name]["family"]] // 1000
+        # BD3LM and SetDLM run their loss over the noisy and the clean sequence (2L)
+        cost *= family_info(self.config["models"][name]["family"]).training_cost
+        return 1 + cost // 1000
 
     def train_inputs(self, name: str) -> list[str]:
         dataset = self.train_dataset(name)
@@ -224,19 +225,23 @@ def _plan_model_points(plan: Plan, published: dict, task: str, settings: dict, n
     identity = {
         "task": task,
         "settings": shared,
-        "override": {key: value for key, value in override.items() if key != "thresholds"},
+        "override": {k: v for k, v in override.items() if k not in ("thresholds", "policies")},
         "model": name,
         "model_identity": model_identity,
         "evaluator": plan.trained.get(evaluator["model"]) if isinstance(evaluator, dict) else None,
     }
     if task in LIKELIHOOD_TASKS:
-        thresholds = [None]
+        decodings = [(None, None)]
     else:
         thresholds = override.get("thresholds", settings["thresholds"])
-    for tau in thresholds:
-        point = LIKELIHOOD_POINT if tau is None else point_name(tau)
+        policies = model_policies(settings, name, entry["family"])
+        decodings = [(tau, policy) for tau in thresholds for policy in policies]
+    for tau, policy in decodings:
+        point = LIKELIHOOD_POINT if tau is None else point_name(tau, policy)
         folder = str(result_dir(plan.run, task, name, point))
-        args = eval_args(task, settings, override, plan, name, model_arg, folder, tau)
+        args = eval_args(task, settings, override, plan, name, model_arg, folder, tau, policy)
+        # the family's own policy adds nothing: the identities from before policies had names
+        decoding = {"tau": tau} | ({"policy": policy} if policy else {})
         plan.points[(task, name, point)] = Point(
             task=task,
             model=name,
@@ -244,11 +249,13 @@ def _plan_model_points(plan: Plan, published: dict, task: str, settings: dict, n
             args=args,
             folder=folder,
             inputs=inputs,
-            config_hash=digest({**identity, "tau": tau}),
+            config_hash=digest({**identity, **decoding}),
         )
 
 
-def eval_args(task, settings, override, plan, name, model_arg, folder, tau) -> tuple[str, ...]:
+def eval_args(
+    task, settings, override, plan, name, model_arg, folder, tau, policy=None
+) -> tuple[str, ...]:
     """The ``setdlm eval`` arguments of one point: every setting spelled out."""
     command = "likelihood" if task in LIKELIHOOD_TASKS else task.split("-")[0]
     args = [command, "--model", model_arg, "--out", folder, "--seed", settings["seed"]]
@@ -259,11 +266,13 @@ def eval_args(task, settings, override, plan, name, model_arg, folder, tau) -> t
         args += ["--data", LIKELIHOOD_TASKS[task], "--samples", settings["samples"]]
         return tuple(str(arg) for arg in args)
     args += ["--threshold", repr(float(tau)), "--warmup", settings["warmup"]]
+    if policy is not None:
+        args += ["--policy", policy]
     if settings.get("batching", "auto") != "auto":  # auto is setdlm eval's default
         args += ["--batching", settings["batching"]]
     entry = plan.config["models"][name]
-    if entry["family"] == "setdlm":  # W is explicit: the model's, or this task's override
-        args += ["--window", override.get("window", entry["window"])]
+    for knob in family_info(entry["family"]).entry_knobs:  # the model's W, or the override
+        args += [f"--{knob.replace('_', '-')}", override.get(knob, entry[knob])]
     if "block_size" in override:
         args += ["--block-size", override["block_size"]]
     if settings.get("paper_throughput"):

@@ -1,6 +1,6 @@
 """One decoding engine for every family; the families supply only their order and cache policy."""
 
-from setdlm.core.decoding.config import DecodeConfig
+from setdlm.core.decoding.config import DecodeConfig, PolicyOptions
 from setdlm.core.decoding.engine import (
     GenerationOutput,
     OrderPolicy,
@@ -15,6 +15,7 @@ __all__ = [
     "DecodeConfig",
     "GenerationOutput",
     "OrderPolicy",
+    "PolicyOptions",
     "RowInputs",
     "RowState",
     "StopCheck",

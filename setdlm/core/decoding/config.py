@@ -1,15 +1,51 @@
-"""Every decoding knob, in one frozen record that identifies a speed-quality point."""
+"""Every decoding knob, in one frozen record that identifies a speed-quality point.
+
+``DecodeConfig`` holds what every decoding policy obeys (budget, τ, sampling, logits
+processors, stop rules); ``policy`` holds the decoding policy itself with its own knobs (a
+``PolicyOptions`` subclass that the policy's class declares as ``Options``).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
+
+
+@dataclass(frozen=True)
+class PolicyOptions:
+    """The knobs of one decoding policy (setdlm/families.py names the policies). Each
+    ``OrderPolicy`` declares its subclass as ``Options``; only that policy reads it."""
+
+    name: ClassVar[str]
+    # Results computed before policies had names recorded every policy's knobs in one flat
+    # layout (FLAT_KNOBS). The four policies of that time keep it in their identity, so those
+    # results keep their config hashes; a newer policy records {"policy", "options"}.
+    flat_identity: ClassVar[bool] = False
+
+    def replace(self, **changes) -> PolicyOptions:
+        return dataclasses.replace(self, **changes)
+
+
+def check_size(name: str, value: int | None) -> None:
+    """A size knob (a block, a window) is an integer >= 1, or None: the policy's default."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
+
+
+# The flat layout's knobs at their "not set" values (see PolicyOptions.flat_identity).
+FLAT_KNOBS = {
+    "block_size": None,
+    "window": None,
+    "infill_cache": "full",
+    "fht_cache_order": False,
+    "fused_block_cache": True,
+}
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """How to decode; fields that do not apply to a family are ignored by it.
+    """How to decode, whatever the policy.
 
     confidence_threshold is τ: each step commits the ``k`` most confident predictions (k = 1
     unless ``num_steps`` asks for fewer steps than tokens) plus every prediction whose
@@ -20,20 +56,8 @@ class DecodeConfig:
     confidence_threshold: float = 1e6
     # Steps per block (MDLM, BD3LM) or per generation (SetDLM); None = one token per step.
     num_steps: int | None = None
-    # MDLM / BD3LM decoding block; None = the family default (BD3LM: its trained block size).
-    block_size: int | None = None
-    # SetDLM sliding-window width W; None = the schedule's d (the paper's setting).
-    window: int | None = None
-    # SetDLM infilling: cache both contexts before decoding ("full", the paper's setting, the
-    # official cache_full_infill_context=true), or the left one only ("prefix", the official
-    # default): visible tokens between masked spans then enter the cache once decoding has
-    # passed them (the official l2r promotion), and the right context after the last span is
-    # never seen.
-    infill_cache: Literal["full", "prefix"] = "full"
-    # SetDLM: tokens committed in one step enter the cache in a sampled first-hitting order.
-    fht_cache_order: bool = False
-    # BD3LM: cache a finished block inside the next block's first forward (saves one NFE).
-    fused_block_cache: bool = True
+    # The decoding policy and its knobs; None: the family's default policy, default knobs.
+    policy: PolicyOptions | None = None
     do_sample: bool = False
     top_p: float = 1.0
     repetition_penalty: float = 1.0
@@ -64,12 +88,9 @@ class DecodeConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        for name in ("num_steps", "block_size", "window"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1 or None, got {value}")
-        if self.infill_cache not in ("full", "prefix"):
-            raise ValueError(f"infill_cache must be 'full' or 'prefix', got {self.infill_cache!r}")
+        check_size("num_steps", self.num_steps)
+        if self.policy is not None and not isinstance(self.policy, PolicyOptions):
+            raise TypeError(f"policy must be a policy's Options, got {type(self.policy).__name__}")
         if self.stop_cadence not in ("exact", "official"):
             raise ValueError(
                 f"stop_cadence must be 'exact' or 'official', got {self.stop_cadence!r}"
@@ -81,19 +102,9 @@ class DecodeConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> DecodeConfig:
-        known = {field.name for field in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown decoding settings {unknown}; known: {sorted(known)}")
-        values = dict(values)
-        for name in ("eos_token_ids", "stop_strings", "stop_regexes"):
-            if name in values:
-                values[name] = tuple(values[name])
-        if values.get("length_penalty") is not None:
-            start, factor = values["length_penalty"]
-            values["length_penalty"] = (int(start), float(factor))
-        return cls(**values)
+        """The identity of the decoding (hashed into every result's config hash)."""
+        values = dataclasses.asdict(self)
+        options = values.pop("policy") or {}
+        if self.policy is None or self.policy.flat_identity:
+            return values | FLAT_KNOBS | options
+        return values | {"policy": self.policy.name, "options": options}

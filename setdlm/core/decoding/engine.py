@@ -27,12 +27,12 @@ import math
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from setdlm.core.decoding import processors
-from setdlm.core.decoding.config import DecodeConfig
+from setdlm.core.decoding.config import DecodeConfig, PolicyOptions
 from setdlm.core.decoding.sampling import (
     choose_tokens,
     nucleus_filter,
@@ -91,16 +91,28 @@ class RowInputs:
 
 
 class OrderPolicy(ABC):
-    """A family's decoding order and cache policy."""
+    """A decoding order and cache policy (setdlm/families.py names each one and says which
+    families decode with it, and whether its cache is exact).
 
+    ``Options`` is the policy's own knobs; ``RowState.policy`` holds its typed per-row state.
+    """
+
+    Options: ClassVar[type[PolicyOptions]]
     uses_cache: bool = True
     # When the cache plus the inputs would outgrow the model length, drop the slots with the
     # smallest position ids instead of the oldest ones.
     crop_by_position: bool = False
 
-    def __init__(self, family, config: DecodeConfig):
+    def __init__(self, family, config: DecodeConfig, options: PolicyOptions | None = None):
+        options = self.Options() if options is None else options
+        if not isinstance(options, self.Options):
+            raise TypeError(
+                f"{type(self).__name__} takes {self.Options.__name__}, got "
+                f"{type(options).__name__} (the options of {options.name!r})"
+            )
         self.family = family
         self.config = config
+        self.options = options
 
     @abstractmethod
     def setup(self, row: RowState) -> None:
