@@ -67,3 +67,22 @@ def test_keep_slots_compacts_the_kept_slots_in_order():
     assert cache.read(0)[0][0, 0, :3, 0].tolist() == [1.0, 3.0, 4.0]
     assert cache.cached_positions()[0, :3].tolist() == [1, 3, 4]
     assert cache.read(0)[0][1, 0, :, 0].tolist() == [5.0, 6.0, 7.0, 8.0, 9.0]
+
+
+def test_truncate_row_keeps_that_rows_oldest_slots_only():
+    """A policy that recomputes part of its cache keeps the row's first n slots: the others
+    are hidden from attention and the next commit writes over them."""
+    cache = KVCache(num_layers=1, batch_size=2)
+    keys = torch.arange(2 * 4, dtype=torch.float32).view(2, 1, 4, 1)
+    cache.extend(0, keys, keys)
+    cache.commit_prefix([4, 4], torch.arange(4).expand(2, -1))
+    cache.truncate_row(0, 1)
+    cache.truncate_row(1, 9)  # longer than the row: nothing to drop
+    assert cache.lengths.tolist() == [1, 4] and cache.width == 4
+    assert cache.key_valid().tolist() == [[True, False, False, False], [True] * 4]
+    new = torch.full((2, 1, 1, 1), -1.0)
+    cache.extend(0, new, new)
+    cache.commit_prefix([1, 0], torch.full((2, 1), 7))
+    assert cache.lengths.tolist() == [2, 4]
+    assert cache.read(0)[0][0, 0, :2, 0].tolist() == [0.0, -1.0]
+    assert cache.cached_positions()[0, :2].tolist() == [0, 7]

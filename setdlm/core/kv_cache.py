@@ -155,8 +155,15 @@ class KVCache:
     def reset_row(self, row: int) -> None:
         """Empty row ``row`` for a new sequence (continuous batching); its old slots become
         stale, hidden by ``key_valid``."""
+        self.truncate_row(row, 0)
+
+    def truncate_row(self, row: int, length: int) -> None:
+        """Keep only the first ``length`` slots of row ``row`` (the oldest: slots are in the
+        order they were cached); the others become stale, hidden by ``key_valid``."""
+        if length >= self._host_lengths[row]:
+            return
         lengths = list(self._host_lengths)
-        lengths[row] = 0
+        lengths[row] = max(0, length)
         self._set_lengths(lengths)
 
     def keep_rows(self, rows: list[int]) -> None:

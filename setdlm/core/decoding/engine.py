@@ -88,6 +88,10 @@ class RowInputs:
     # official sampler does; the row's composition decides how torch's sort orders ties).
     # None: the targets, in order.
     ranked: list[int] | None = None
+    # Keep only the row's first ``keep_cached`` cache slots (in the order they were cached)
+    # before this forward, dropping the others; None keeps them all. A policy whose cache is
+    # approximate uses it to recompute part or all of its cache (once per block, say).
+    keep_cached: int | None = None
 
 
 class OrderPolicy(ABC):
@@ -268,6 +272,9 @@ def _step(family, policy, rows, plans, cache, forward, config, stop_rule) -> Non
     device = family.device
     width = max(len(p.slots) for p in plans if p is not None)
     if cache is not None:
+        for b, inputs in enumerate(plans):
+            if inputs is not None and inputs.keep_cached is not None:
+                cache.truncate_row(b, inputs.keep_cached)
         _crop_cache(cache, policy, plans, family.config.length)
     ids, positions, num_cached = [], [], []
     for row, inputs in zip(rows, plans, strict=True):
