@@ -163,6 +163,26 @@ SLIDING_WINDOW = PolicyInfo(
     "in the next step's forward",
 )
 
+# Fast-dLLM's dual cache (baselines/dual_cache.py): one policy name, a class per family.
+DUAL_CACHE = (
+    "a block's later steps feed the block (BD3LM: a sub-block) alone, on keys and values "
+    "cached at its first forward (MDLM: the canvas outside it; BD3LM: the rest of the block)"
+)
+MASKED_DUAL_CACHE = PolicyInfo(
+    name="dual-cache",
+    path="baselines.dual_cache:MaskedDualCachePolicy",
+    knobs=("block_size",),
+    exact_cache=False,
+    summary=DUAL_CACHE,
+)
+BLOCK_DUAL_CACHE = PolicyInfo(
+    name="dual-cache",
+    path="baselines.dual_cache:BlockDualCachePolicy",
+    knobs=("block_size", "sub_block_size"),
+    exact_cache=False,
+    summary=DUAL_CACHE,
+)
+
 # The paper's knob values are those of its scripts (SPEC 5.1-5.4; setdlm/eval/paper_decoding.py
 # says where each comes from).
 FAMILIES: dict[str, FamilyInfo] = {
@@ -193,7 +213,7 @@ FAMILIES: dict[str, FamilyInfo] = {
             settings=(),
             entry_knobs=(),
             schedule="linear",
-            policies=(SEMI_AR,),
+            policies=(SEMI_AR, MASKED_DUAL_CACHE),
             likelihood="NELBO (upper bound on NLL), one t per sequence",
             likelihood_exact=False,
             left_to_right=False,
@@ -223,7 +243,7 @@ FAMILIES: dict[str, FamilyInfo] = {
             settings=("block_size",),
             entry_knobs=(),
             schedule="linear",
-            policies=(BLOCK_CACHE,),
+            policies=(BLOCK_CACHE, BLOCK_DUAL_CACHE),
             likelihood="NELBO (upper bound on NLL), one t per block",
             likelihood_exact=False,
             left_to_right=False,

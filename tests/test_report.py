@@ -111,6 +111,9 @@ def run_dir(trained_tiny, arithmetic_models, tmp_path_factory) -> Path:
         [*gsm8k, *model("ar"), *out("gsm8k/ar/default")],
         [*gsm8k, *model("mdlm"), *out("gsm8k/mdlm/default")],
         [*gsm8k, *model("bd3lm"), *out("gsm8k/bd3lm-s4/tau-1e+06")],
+        # the same model with another decoding policy: a curve of its own
+        [*gsm8k, *model("bd3lm"), *out("gsm8k/bd3lm-s4/dual-cache-tau-1e+06")]
+        + ["--policy", "dual-cache"],
         # a sweep: one folder per τ, tau-1e+06 and tau-0.5
         [*gsm8k, *model("setdlm"), *out("gsm8k/setdlm-smax8"), "--threshold", "1e6", "0.5"],
         ["eval", "cnndm", *short, *model("ar"), *out("cnndm/ar/default")],
@@ -232,6 +235,7 @@ def test_tables_state_units_definitions_hardware_and_examples(run_dir, tables):
         "next-token",
         "semi-ar",
         "block-cache",
+        "dual-cache",
         "sliding-window",
     }
     # how speed was timed, per point when they differ: batch 1 is the paper's protocol
@@ -283,7 +287,14 @@ def test_gsm8k_compares_with_published_points_only_where_the_configuration_is_th
     _as_published(run, "gsm8k/bd3lm-s4/tau-1e+06", "gsm8k:bd3lm-s4", examples=2)
     out = tmp_path / "tables"
     assert setdlm(["report", "tables", str(run), "--out", str(out), "--only", "gsm8k"]) == 0
-    rows = {(r["model"], _number(r["tau"])): r for r in _csv(out / "gsm8k_pareto.csv")}
+    own = {}  # the family's own policy: the published points', listed first
+    for row in _csv(out / "gsm8k_pareto.csv"):
+        own.setdefault(row["model"], row["policy"])
+    rows = {
+        (r["model"], _number(r["tau"])): r
+        for r in _csv(out / "gsm8k_pareto.csv")
+        if r["policy"] == own[r["model"]]  # the family's own policy: the published one's
+    }
     for model, tau, point, accuracy, speed in [
         ("setdlm-smax8", 1e6, "gsm8k/setdlm-smax8/tau-1e+06", 66.41, 45.25),
         ("ar", None, "gsm8k/ar/default", 80.21, 55.52),
@@ -315,6 +326,11 @@ def test_gsm8k_compares_with_published_points_only_where_the_configuration_is_th
     assert _number(rows[("setdlm-smax32", 0.6)]["published_accuracy"]) == 41.62
     assert rows[("bd3lm-s16", 0.7)]["published"] == "not run here (τ presumed)"
     assert len(rows) == 5 + len(published.gsm8k_points()) - 3
+    dual = [r for r in _csv(out / "gsm8k_pareto.csv") if r["policy"] == "dual-cache"]
+    assert [r["published"] for r in dual] == [
+        "not comparable: the model is not a published GSM8K checkpoint (trained here, or "
+        "another one)"
+    ]
     # sorted by family, size, then τ from one token per step to the fastest
     models = [r["model"] for r in _csv(out / "gsm8k_pareto.csv")]
     assert models.index("ar") < models.index("mdlm") < models.index("bd3lm-s4")
@@ -423,6 +439,30 @@ def test_a_misfiled_result_is_refused(run_dir, tmp_path, capsys):
     shutil.copytree(run_dir / "gsm8k/setdlm-smax8/tau-0.5", run / "gsm8k/bd3lm-s4/tau-0.5")
     assert setdlm(["report", "tables", str(run), "--out", str(tmp_path / "t")]) == 2
     assert "folder 'bd3lm-s4' holds a 'setdlm' model" in capsys.readouterr().err
+    # a point of another policy filed as the family's own
+    run = tmp_path / "policy"
+    source = run_dir / "gsm8k/bd3lm-s4/dual-cache-tau-1e+06"
+    shutil.copytree(source, run / "gsm8k/bd3lm-s4/tau-1e+06")
+    assert setdlm(["report", "tables", str(run), "--out", str(tmp_path / "u")]) == 2
+    error = capsys.readouterr().err
+    assert "folder 'tau-1e+06' says the family's own policy" in error
+    assert "decoded with 'dual-cache'" in error
+
+
+def test_another_policy_is_a_curve_of_its_own_flagged_approximate(run_dir, tables):
+    from setdlm.report.figures import FIGURES, our_curves
+    from setdlm.report.results import load_results
+
+    rows = _csv(tables / "gsm8k_pareto.csv")
+    bd3lm = {row["policy"]: row for row in rows if row["model"] == "bd3lm-s4"}
+    assert set(bd3lm) == {"block-cache", "dual-cache"}
+    assert bd3lm["dual-cache"]["point"] == "gsm8k/bd3lm-s4/dual-cache-tau-1e+06"
+    assert {row["policy"] for row in rows if row["model"] == "ar"} == {"next-token"}
+    markdown = (tables / "gsm8k_pareto.md").read_text()
+    assert "dual-cache (APPROXIMATE cache" in markdown and "block-cache (exact cache)" in markdown
+    curves = our_curves(load_results(run_dir).for_task("gsm8k"), FIGURES["gsm8k"])
+    labels = [curve.label for curve in curves]
+    assert "BD3LM S=4" in labels and "BD3LM S=4, dual-cache (approx. cache)" in labels
 
 
 # ------------------------------------------------------------------------------- figures

@@ -45,6 +45,7 @@ POINTS = {  # folder under runs/tiny -> experiment
     "cnndm/setdlm/tau-0.9": "cnndm",
     "cnndm/bd3lm/tau-1e+06": "cnndm",
     "cnndm/bd3lm/tau-0.9": "cnndm",
+    "cnndm/bd3lm/dual-cache-tau-0.9": "cnndm",
     "likelihood-wikitext2/setdlm/default": "likelihood-wikitext2",
 }
 
@@ -65,6 +66,16 @@ def finished_results(trained_tiny, tmp_path_factory) -> Path:
         out = str(runs / "cnndm" / family)
         args = ["eval", "cnndm", "--model", model, "--out", out, "--limit", "2"]
         assert setdlm_main([*args, "--threshold", "1e6", "0.9"]) == 0
+    # BD3LM with another decoding policy too: a curve (sweep) of its own
+    dual = ["--model", str(trained_tiny / "bd3lm" / "model"), "--policy", "dual-cache"]
+    out = str(runs / "cnndm" / "bd3lm")
+    assert (
+        setdlm_main(
+            ["eval", "cnndm", *dual, "--out", out, "--limit", "2"] + ["--threshold", "0.9", "0.5"]
+        )
+        == 0
+    )
+    shutil.rmtree(runs / "cnndm" / "bd3lm" / "dual-cache-tau-0.5")  # one point is enough
     out = str(runs / "likelihood-wikitext2" / "setdlm" / "default")
     assert (
         setdlm_main(["eval", "likelihood", "--model", str(models), "--out", out, "--limit", "4"])
@@ -174,7 +185,7 @@ def test_sync_mirrors_every_point_with_params_metrics_tags_and_artifacts(results
         decode, speed = config["decode"], metrics["speed"]
         assert params["tau"] == json.dumps(decode["confidence_threshold"])
         own = {"setdlm": "sliding-window", "bd3lm": "block-cache"}[family]
-        assert params["policy"] == own
+        assert params["policy"] == ("dual-cache" if "dual-cache" in folder else own)
         assert params["decode.top_p"] == json.dumps(decode["top_p"])
         knobs = decode.get("options") or decode  # a named policy's own, or the flat layout
         if "policy" in decode:
@@ -566,14 +577,19 @@ def test_key_metrics_times_and_sweeps_as_the_ui_shows_them(results):
     experiment = client.get_experiment_by_name("cnndm").experiment_id
     everything = client.search_runs([experiment], max_results=100)
     parents = {r.info.run_id: r for r in everything if SWEEP_TAG in r.data.tags}
-    # One parent per (task, model, policy) sweep, each point of the sweep its child.
+    # One parent per (task, model, policy) sweep, each point of the sweep its child: a model
+    # decoded with another policy than its family's own is a curve of its own.
     assert sorted(r.data.tags[SWEEP_TAG] for r in parents.values()) == [
         "tiny/cnndm/bd3lm",
+        "tiny/cnndm/bd3lm dual-cache",
         "tiny/cnndm/setdlm",
     ]
+    assert {r.info.run_name for r in parents.values()} == {"bd3lm", "bd3lm dual-cache", "setdlm"}
     for run in _runs(client)["cnndm"]:
         parent = parents[run.data.tags["mlflow.parentRunId"]]
-        assert parent.data.tags[SWEEP_TAG].endswith("/" + run.data.params["model"])
+        params = run.data.params
+        curve = params["model"] + (" dual-cache" if params["policy"] == "dual-cache" else "")
+        assert parent.data.tags[SWEEP_TAG].endswith("/" + curve)
         folder = Path(run.data.tags["setdlm.result_dir"])
         metrics = json.loads((folder / "metrics.json").read_text())
         # The key metrics under the same short names in every experiment.

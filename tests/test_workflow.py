@@ -268,6 +268,42 @@ def test_plan_points_commands_and_hashes(data_dir):
     assert all(more.points[k].config_hash == p.config_hash for k, p in plan.points.items())
 
 
+def _with_policies(config: dict, bd3lm: list[str], mdlm: list[str] | None = None) -> dict:
+    """GSM8K's bd3lm-s4 and mdlm decoding with these policies (mdlm: as bd3lm-s4)."""
+    overrides = config["tasks"]["gsm8k"]["overrides"]
+    overrides.setdefault("bd3lm-s4", {})["policies"] = bd3lm
+    overrides.setdefault("mdlm", {})["policies"] = mdlm or bd3lm
+    return config
+
+
+def test_each_policy_is_its_own_points_and_the_familys_own_keeps_its_folders(data_dir):
+    """policies: [default, dual-cache] gives a model a second curve: <policy>-tau-<τ> folders
+    decoded with --policy; its own policy's points keep their folders, commands and hashes."""
+    env = {"SETDLM_DATA_DIR": str(data_dir)}
+    plan = build(_tiny(), env)
+    dual = build(_with_policies(_tiny(), bd3lm=["default", "dual-cache"]), env)
+    added = set(dual.points) - set(plan.points)
+    assert added == {
+        ("gsm8k", "bd3lm-s4", "dual-cache-tau-1e+06"),
+        ("gsm8k", "bd3lm-s4", "dual-cache-tau-0.9"),
+        ("gsm8k", "bd3lm-s4", "dual-cache-tau-0.5"),
+        ("gsm8k", "mdlm", "dual-cache-tau-1e+06"),
+    }
+    for key, point in plan.points.items():
+        assert dual.points[key].config_hash == point.config_hash
+        assert dual.points[key].command == point.command
+    point = dual.point("gsm8k", "bd3lm-s4", "dual-cache-tau-0.9")
+    assert point.folder == "results/runs/tiny/gsm8k/bd3lm-s4/dual-cache-tau-0.9"
+    assert "--threshold 0.9 " in point.command and "--policy dual-cache" in point.command
+    same = plan.point("gsm8k", "bd3lm-s4", "tau-0.9")
+    assert point.config_hash != same.config_hash
+    # naming the family's own policy is the same as "default"
+    own = build(_set(_tiny(), "tasks.gsm8k.policies", ["default"]), env)
+    named = build(_with_policies(_tiny(), bd3lm=["block-cache"], mdlm=["semi-ar"]), env)
+    assert set(own.points) == set(named.points) == set(plan.points)
+    assert all(named.points[k].config_hash == p.config_hash for k, p in plan.points.items())
+
+
 def test_batching_reaches_the_command_and_only_a_non_default_changes_a_point(data_dir):
     env = {"SETDLM_DATA_DIR": str(data_dir)}
     plan = build(_tiny(), env)
