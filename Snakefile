@@ -16,7 +16,8 @@ import os
 import sys
 from pathlib import Path
 
-from setdlm.workflow import datasets, layout
+from setdlm.results import layout
+from setdlm.workflow import datasets
 from setdlm.workflow import plan as workflow_plan
 from setdlm.workflow.config import ConfigError
 from setdlm.workflow.locks import lock_holders, lock_message

@@ -7,11 +7,12 @@ import os
 import sys
 from pathlib import Path
 
-from setdlm.errors import ArgumentParser, report
+from setdlm.checkpoints.zoo import LEGACY_FAMILIES
 from setdlm.families import FAMILY_NAMES
-from setdlm.paths import DataNotFoundError
-from setdlm.progress import QUIET_ENV
-from setdlm.validation import (
+from setdlm.util.errors import ArgumentParser, report
+from setdlm.util.paths import DataNotFoundError
+from setdlm.util.progress import QUIET_ENV
+from setdlm.util.validation import (
     BATCH_SIZE,
     BLOCK_SIZE,
     COUNT,
@@ -25,7 +26,6 @@ from setdlm.validation import (
     option,
     raise_for,
 )
-from setdlm.zoo import LEGACY_FAMILIES
 
 
 def _parse_threads(text: str) -> int:
@@ -37,7 +37,7 @@ def _parse_threads(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; a bad input ends in a message naming it and exit code 2, not in a
-    traceback (setdlm/errors.py)."""
+    traceback (setdlm/util/errors.py)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     name = next((a for a in argv if not a.startswith("-") and a in COMMANDS), "")
     return report(f"setdlm {name}".strip(), lambda: _main(argv))
@@ -212,7 +212,7 @@ def _main(argv: list[str]) -> int:
 def _tiny(args) -> int:
     from dataclasses import replace
 
-    from setdlm.tiny import TinySettings, run_tiny
+    from setdlm.recipes.tiny import TinySettings, run_tiny
     from setdlm.train.preemption import EXIT_PREEMPTED, Preempted
 
     settings = TinySettings()
@@ -227,8 +227,8 @@ def _tiny(args) -> int:
 
 
 def _import_legacy(args) -> int:
-    from setdlm.checkpoints import save_model
-    from setdlm.legacy import load_lightning
+    from setdlm.checkpoints.folders import save_model
+    from setdlm.checkpoints.legacy import load_lightning
 
     model = load_lightning(
         args.checkpoint,
@@ -245,7 +245,7 @@ def _import_legacy(args) -> int:
 
 
 def _parity(args) -> int:
-    from setdlm.parity import check_case, check_schedules, fixture_cases
+    from setdlm.checkpoints.parity import check_case, check_schedules, fixture_cases
 
     folder = args.folder
     if not folder.is_dir():
@@ -276,8 +276,8 @@ def _bench(args) -> int:
 
 
 def _bench_gpu(args) -> int:
-    from setdlm.bench_gpu import GpuCheckSettings, check_gpu
-    from setdlm.files import atomic_write_json
+    from setdlm.recipes.bench_gpu import GpuCheckSettings, check_gpu
+    from setdlm.util.files import atomic_write_json
 
     settings = GpuCheckSettings(
         device=args.device, size=args.size, batch_size=args.batch_size, compile=args.compile
@@ -290,8 +290,8 @@ def _bench_gpu(args) -> int:
 
 def _bench_real_size(args) -> int:
     from setdlm.data.tokenizers import load_tokenizer
-    from setdlm.paths import data_path
-    from setdlm.real_size import real_size_smoke
+    from setdlm.recipes.real_size import real_size_smoke
+    from setdlm.util.paths import data_path
 
     tokenizer = load_tokenizer(args.tokenizer or data_path("tokenizers", "qwen3"))
     real_size_smoke(tokenizer, args.new_tokens)
@@ -299,7 +299,7 @@ def _bench_real_size(args) -> int:
 
 
 def _bench_decode(args) -> int:
-    from setdlm.bench import (
+    from setdlm.recipes.bench import (
         BenchSettings,
         arithmetic_workloads,
         bench_batching,
@@ -329,7 +329,7 @@ def _bench_decode(args) -> int:
 
 
 def _models(args) -> int:
-    from setdlm.zoo import PUBLISHED, REVISIONS_FILE, pin_revisions
+    from setdlm.checkpoints.zoo import PUBLISHED, REVISIONS_FILE, pin_revisions
 
     if args.pin:
         keys = list(PUBLISHED) if args.pin == ["all"] else args.pin
@@ -348,11 +348,11 @@ def _models(args) -> int:
 
 
 def _generate(args) -> int:
+    from setdlm.checkpoints.zoo import load_pretrained, load_tokenizer_for
     from setdlm.core.decoding import DecodeConfig
     from setdlm.data.tokenizers import load_tokenizer
     from setdlm.eval.commands import decoding_option_errors, tokenizer_option_errors
     from setdlm.families import with_knobs
-    from setdlm.zoo import load_pretrained, load_tokenizer_for
 
     if not args.prompt.strip():
         raise SettingError(

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from setdlm.errors import UserError
+from setdlm.util.errors import UserError
 
 
 class UnknownNameError(UserError, ValueError):

@@ -88,7 +88,7 @@ def trained_tiny(tmp_path_factory) -> Path:
     """The four tiny families trained on WikiText-2 by the main job's code (one run per test
     session, about half a minute): ``<dir>/<family>/model`` holds each model and its
     tokenizer, ``<dir>/<family>/metrics.json`` its training and held-out figures."""
-    from setdlm.tiny import TinySettings, run_tiny
+    from setdlm.recipes.tiny import TinySettings, run_tiny
 
     out = tmp_path_factory.mktemp("tiny")
     previous = torch.get_num_threads()

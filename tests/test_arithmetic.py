@@ -104,7 +104,7 @@ def test_the_task_decodes_solutions_and_scores_infilled_steps(trained_arith_free
 def trained_arith_free_model(tmp_path_factory):
     """A random-weight SetDLM with the arithmetic tokenizer (no training needed here)."""
     from setdlm.data.tokenizers import SpecialTokens, train_bpe_tokenizer
-    from setdlm.tiny import TinySettings, build_tiny_model
+    from setdlm.recipes.tiny import TinySettings, build_tiny_model
 
     settings = TinySettings(corpus="arithmetic", problems=500)
     texts = [f"{p.question}\n{p.answer}" for p in arithmetic.generate("train", 500, 0)]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from setdlm.bench_gpu import GpuCheckSettings, check_gpu
-from setdlm.errors import UserError
 from setdlm.families import FAMILY_NAMES
+from setdlm.recipes.bench_gpu import GpuCheckSettings, check_gpu
+from setdlm.util.errors import UserError
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import torch
 from model_factory import BACKBONES, FAMILIES, decode_config, prompts, tiny_model
 from safetensors.torch import load_file, save_file
 
-from setdlm.checkpoints import CheckpointError, load_model, save_model
+from setdlm.checkpoints.folders import CheckpointError, load_model, save_model
 from setdlm.core.decoding import DecodeConfig
 
 

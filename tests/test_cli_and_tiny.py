@@ -10,10 +10,10 @@ import torch
 from conftest import TINY_TEST_SETTINGS
 from model_factory import tiny_model
 
-from setdlm.checkpoints import load_model
+from setdlm.checkpoints.folders import load_model
 from setdlm.cli import main
 from setdlm.families import FAMILY_NAMES as FAMILIES
-from setdlm.tiny import TinySettings, run_tiny
+from setdlm.recipes.tiny import TinySettings, run_tiny
 from setdlm.train import TrainConfig, train
 
 

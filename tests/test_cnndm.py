@@ -9,7 +9,8 @@ import re
 import pytest
 
 from baselines.mdlm import SemiAutoregressiveOptions
-from setdlm.checkpoints import load_model
+from setdlm.checkpoints.folders import load_model
+from setdlm.checkpoints.zoo import PUBLISHED
 from setdlm.core.decoding import DecodeConfig
 from setdlm.core.decoding.stopping import StopRule
 from setdlm.data.tokenizers import load_tokenizer
@@ -26,7 +27,6 @@ from setdlm.eval.paper_decoding import paper_decode_config
 from setdlm.eval.runner import run_evaluation
 from setdlm.families import FAMILY_NAMES as FAMILIES  # noqa: E402
 from setdlm.model import SlidingWindowOptions
-from setdlm.zoo import PUBLISHED
 
 ENDOFTEXT = 151643  # Qwen3's <|endoftext|>: BOS = EOS = PAD of the paper's CNN/DM models
 

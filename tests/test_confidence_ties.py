@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from setdlm.checkpoints.parity import run_parity
 from setdlm.core.decoding import engine
 from setdlm.core.decoding.sampling import probabilities, select_by_confidence
-from setdlm.parity import run_parity
 
 
 def test_log_sum_exp_confidence_saturates_to_exactly_one_where_softmax_does_not():

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from setdlm.checkpoints import load_model
+from setdlm.checkpoints.folders import load_model
 from setdlm.data.tokenizers import load_tokenizer
 from setdlm.eval.likelihood import run_likelihood
 from setdlm.families import FAMILY_NAMES as FAMILIES

@@ -74,18 +74,16 @@ def test_an_unreadable_result_is_named_and_set_aside_to_be_recomputed(tmp_path):
     assert set_aside_unreadable(plan) == []  # what is left reads fine (or is missing)
 
 
-def test_the_readers_name_a_binary_garbage_metrics_file(tmp_path):
-    from setdlm.report.results import ResultLayoutError, read_point
-    from setdlm.tracking.results import ResultError, read_result
+def test_the_reader_names_a_binary_garbage_metrics_file(tmp_path):
+    from setdlm.results.reader import ResultError, read_point
 
     folder = tmp_path / "runs" / "tiny" / "gsm8k" / "ar" / "tau-1e+06"
     folder.mkdir(parents=True)
     (folder / "metrics.json").write_bytes(b"\x89PNG\xff\xfe")
     named = re.escape(str(folder / "metrics.json"))
-    with pytest.raises(ResultLayoutError, match=f"{named}: not valid JSON"):
-        read_point(folder, folder / "metrics.json")
-    with pytest.raises(ResultError, match=f"{named}: cannot be read as JSON"):
-        read_result(folder)
+    for checked in (True, False):  # for the report (in the layout) and the sync (anywhere)
+        with pytest.raises(ResultError, match=f"{named}: not valid JSON"):
+            read_point(folder, checked=checked)
 
 
 def test_a_result_whose_samples_no_longer_back_it_is_set_aside(tmp_path):
@@ -124,7 +122,7 @@ def test_a_result_whose_samples_no_longer_back_it_is_set_aside(tmp_path):
 
 
 def test_a_model_whose_files_changed_after_its_marker_is_set_aside(tmp_path):
-    from setdlm.files import sha256_file
+    from setdlm.util.files import sha256_file
 
     markers = {}
     for name in ("kept", "flipped", "truncated", "missing", "touched"):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from setdlm.checkpoints import load_model
+from setdlm.checkpoints.folders import load_model
 from setdlm.core.decoding import DecodeConfig
 from setdlm.core.decoding.stopping import StopRule
 from setdlm.data.tokenizers import load_tokenizer

@@ -14,7 +14,7 @@ from lm_eval.api.registry import get_model, model_registry
 from lm_eval.tasks import TaskManager
 
 import setdlm.eval.harness as harness
-from setdlm.checkpoints import load_model
+from setdlm.checkpoints.folders import load_model
 from setdlm.core.decoding import DecodeConfig
 from setdlm.data.tokenizers import load_tokenizer
 from setdlm.eval import gsm8k

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from setdlm.checkpoints import load_model
+from setdlm.checkpoints.folders import load_model
+from setdlm.checkpoints.zoo import PUBLISHED
 from setdlm.core.decoding import DecodeConfig
 from setdlm.data.tokenizers import load_tokenizer
 from setdlm.eval.generated_text import flag_counts, text_before_eos
@@ -20,7 +21,6 @@ from setdlm.eval.infill import (
 from setdlm.eval.paper_decoding import paper_decode_config
 from setdlm.eval.runner import Example, RunSettings, run_evaluation
 from setdlm.families import FAMILY_NAMES as FAMILIES  # noqa: E402
-from setdlm.zoo import PUBLISHED
 
 VARIANTS = ("infill-1", "infill-3")
 GPT2_EOS = 50256  # <|endoftext|>: BOS = EOS of the OWT models

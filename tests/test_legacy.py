@@ -11,10 +11,10 @@ import torch
 from model_factory import decode_config, prompts, tiny_model
 
 from baselines.mdlm import SemiAutoregressiveOptions
-from setdlm.checkpoints import CheckpointError, load_model
+from setdlm.checkpoints.folders import CheckpointError, load_model
+from setdlm.checkpoints.legacy import load_lightning
 from setdlm.cli import main
 from setdlm.core.decoding import DecodeConfig
-from setdlm.legacy import load_lightning
 
 
 def test_a_hub_folder_with_a_dit_legacy_backbone_and_no_noise_config_loads(parity_dir, tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from setdlm import paths
+from setdlm.util import paths
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,7 @@ import pytest
 
 from setdlm.data.tokenizers import load_tokenizer
 from setdlm.families import FAMILY_NAMES
-from setdlm.real_size import QWEN3_1_7B, real_size_smoke
+from setdlm.recipes.real_size import QWEN3_1_7B, real_size_smoke
 
 
 def _parameters(arch: dict) -> int:

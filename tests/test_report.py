@@ -14,8 +14,8 @@ import pytest
 import torch
 import yaml
 
-from setdlm import published
 from setdlm.cli import main as setdlm
+from setdlm.report import paper_numbers
 
 TABLE_FILES = (
     "gsm8k_pareto",
@@ -325,7 +325,7 @@ def test_gsm8k_compares_with_published_points_only_where_the_configuration_is_th
     assert rows[("setdlm-smax32", 0.6)]["published"] == "not run here"
     assert _number(rows[("setdlm-smax32", 0.6)]["published_accuracy"]) == 41.62
     assert rows[("bd3lm-s16", 0.7)]["published"] == "not run here (τ presumed)"
-    assert len(rows) == 5 + len(published.gsm8k_points()) - 3
+    assert len(rows) == 5 + len(paper_numbers.gsm8k_points()) - 3
     dual = [r for r in _csv(out / "gsm8k_pareto.csv") if r["policy"] == "dual-cache"]
     assert [r["published"] for r in dual] == [
         "not comparable: the model is not a published GSM8K checkpoint (trained here, or "
@@ -395,7 +395,7 @@ def test_aup_weights_accuracy_below_the_reference_down():
 
 
 def test_published_data_keeps_its_provenance():
-    sizes = {(s.family, s.size): len(s.points) for s in published.GSM8K}
+    sizes = {(s.family, s.size): len(s.points) for s in paper_numbers.GSM8K}
     assert sizes == {
         ("ar", None): 1,
         ("bd3lm", 4): 10,
@@ -403,12 +403,12 @@ def test_published_data_keeps_its_provenance():
         ("setdlm", 8): 10,
         ("setdlm", 32): 10,
     }
-    assert all(p.tau_recorded for p in published.gsm8k_points() if p.family == "setdlm")
-    assert not any(p.tau_recorded for p in published.gsm8k_points() if p.family == "bd3lm")
-    assert published.match_gsm8k("setdlm", 32, 0.9).accuracy_percent == 59.59
-    assert published.match_gsm8k("setdlm", 16, 0.9) is None  # no smax16 data
-    assert published.match_gsm8k("ar", None, None).tokens_per_second == 55.52
-    assert "0bda5a3" in published.PROVENANCE
+    assert all(p.tau_recorded for p in paper_numbers.gsm8k_points() if p.family == "setdlm")
+    assert not any(p.tau_recorded for p in paper_numbers.gsm8k_points() if p.family == "bd3lm")
+    assert paper_numbers.match_gsm8k("setdlm", 32, 0.9).accuracy_percent == 59.59
+    assert paper_numbers.match_gsm8k("setdlm", 16, 0.9) is None  # no smax16 data
+    assert paper_numbers.match_gsm8k("ar", None, None).tokens_per_second == 55.52
+    assert "0bda5a3" in paper_numbers.PROVENANCE
 
 
 def test_an_empty_run_replaces_no_tables_unless_asked(tmp_path, capsys):
@@ -451,7 +451,7 @@ def test_a_misfiled_result_is_refused(run_dir, tmp_path, capsys):
 
 def test_another_policy_is_a_curve_of_its_own_flagged_approximate(run_dir, tables):
     from setdlm.report.figures import FIGURES, our_curves
-    from setdlm.report.results import load_results
+    from setdlm.results.reader import load_results
 
     rows = _csv(tables / "gsm8k_pareto.csv")
     bd3lm = {row["policy"]: row for row in rows if row["model"] == "bd3lm-s4"}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from setdlm.eval.fingerprint import run_provenance, sample_provenance
 from setdlm.report.compare import compare_runs, main
-from setdlm.scheduler import current_job
+from setdlm.util.scheduler import current_job
 
 SLURM_STEP = {
     "SLURM_JOB_ID": "417",

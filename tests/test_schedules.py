@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from setdlm.checkpoints.parity import check_schedules
 from setdlm.core.schedules import LinearSchedule, StaggeredSchedule, sample_t
-from setdlm.parity import check_schedules
 
 # The fixtures are bitwise on the recording machine's CPU; 1e-12 leaves room for another
 # libm (one alpha' entry already differs by 1 ulp here) while staying far below 1e-6.

@@ -28,7 +28,7 @@ from mlflow.tracking import MlflowClient
 
 from setdlm.cli import main as setdlm_main
 from setdlm.eval.records import config_hash
-from setdlm.files import atomic_write_json, sha256_file
+from setdlm.results.reader import read_point, results_root
 from setdlm.tracking import sync_main, ui_main
 from setdlm.tracking.record import (
     IDENTITY_TAG,
@@ -37,8 +37,8 @@ from setdlm.tracking.record import (
     SYNCED_TAG,
     run_record,
 )
-from setdlm.tracking.results import read_result, results_root
 from setdlm.tracking.store import filesystem_type, open_client, resolve_store, writer_lock
+from setdlm.util.files import atomic_write_json, sha256_file
 
 POINTS = {  # folder under runs/tiny -> experiment
     "cnndm/setdlm/tau-1e+06": "cnndm",
@@ -450,7 +450,9 @@ def test_results_root_rule(tmp_path, monkeypatch):
 
 
 def test_quality_extras_are_flattened_to_numbers_and_settings_left_out(finished_results):
-    point = read_result(finished_results / "runs" / "tiny" / "cnndm" / "setdlm" / "tau-0.9")
+    point = read_point(
+        finished_results / "runs" / "tiny" / "cnndm" / "setdlm" / "tau-0.9", checked=False
+    )
     quality = {
         "mauve_bootstrap": {
             "value": 0.5,

@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from setdlm.checkpoints import load_model
+from setdlm.checkpoints.folders import load_model
 from setdlm.core.decoding import DecodeConfig
 from setdlm.data.text import ChunkedLMDataset, load_wikitext2
 from setdlm.data.tokenizers import load_tokenizer

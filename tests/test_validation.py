@@ -10,7 +10,7 @@ import copy
 import pytest
 from configs import tiny_with_paper_tasks
 
-from setdlm import validation
+from setdlm.util import validation
 from setdlm.workflow.config import ConfigError, validate
 
 TINY = tiny_with_paper_tasks()

@@ -24,7 +24,8 @@ import yaml
 from configs import tiny_with_paper_tasks
 from workflow_env import copy_of_run, environ
 
-from setdlm.workflow import datasets, layout, points
+from setdlm.results import layout
+from setdlm.workflow import datasets, points
 from setdlm.workflow.config import (
     MODELS_PATH,
     TINY_DEFAULTS,
@@ -72,7 +73,7 @@ def test_models_yaml_is_the_zoo_table():
     from setdlm.workflow.models import render
 
     assert MODELS_PATH.read_text() == render(), (
-        "workflows/config/models.yaml differs from setdlm/zoo.py; regenerate it with "
+        "workflows/config/models.yaml differs from setdlm/checkpoints/zoo.py; regenerate it with "
         "`python -m setdlm.workflow.models > workflows/config/models.yaml`"
     )
 
@@ -80,8 +81,8 @@ def test_models_yaml_is_the_zoo_table():
 def test_layout_agrees_with_the_loaders_the_report_and_the_tiny_recipe():
     from setdlm.data import text
     from setdlm.eval import cnndm, infill, likelihood
+    from setdlm.recipes.tiny import TinySettings
     from setdlm.report import figures, tables
-    from setdlm.tiny import TinySettings
 
     files = {name: (d.folder, d.files) for name, d in datasets.DATASETS.items()}
     assert all(name == folder for name, (folder, _) in files.items())
@@ -423,7 +424,7 @@ def test_hub_sources_are_written_in_the_mirror_format(tmp_path, monkeypatch):
 def test_setdlm_train_trains_exactly_like_the_tiny_job(tmp_path, data_dir, monkeypatch):
     from safetensors.torch import load_file
 
-    from setdlm.tiny import TinySettings, run_tiny
+    from setdlm.recipes.tiny import TinySettings, run_tiny
     from setdlm.workflow.train import main
 
     monkeypatch.setenv("SETDLM_DATA_DIR", str(data_dir))

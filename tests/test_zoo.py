@@ -10,11 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from setdlm import zoo
-from setdlm.checkpoints import CheckpointError, load_model
+from setdlm.checkpoints import zoo
+from setdlm.checkpoints.folders import CheckpointError, load_model
+from setdlm.checkpoints.zoo import PUBLISHED, load_pretrained, resolve
 from setdlm.core.decoding import DecodeConfig
 from setdlm.model import SlidingWindowOptions
-from setdlm.zoo import PUBLISHED, load_pretrained, resolve
 
 
 def test_the_table_covers_every_task_and_family():

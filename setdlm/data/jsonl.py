@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from setdlm.errors import DataError
+from setdlm.util.errors import DataError
 
 
 def read_jsonl(

@@ -15,8 +15,8 @@ from typing import NamedTuple
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from setdlm.hub import load_hub_dataset
-from setdlm.paths import data_dir, data_path
+from setdlm.util.hub import load_hub_dataset
+from setdlm.util.paths import data_dir, data_path
 
 WIKITEXT_HUB_ID = ("wikitext", "wikitext-2-raw-v1")
 # Hub split name -> file name in the local mirror (the original archive's names).

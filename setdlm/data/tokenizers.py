@@ -22,8 +22,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from setdlm.errors import DataError
-from setdlm.paths import DataNotFoundError
+from setdlm.util.errors import DataError
+from setdlm.util.paths import DataNotFoundError
 
 # Raw vocabulary files -> the transformers tokenizer type that reads them.
 _RAW_VOCAB_TYPES = (

@@ -27,7 +27,7 @@ from setdlm.eval.intervals import scored_means
 from setdlm.eval.paper_decoding import paper_decode_config
 from setdlm.eval.runner import Example, Task
 from setdlm.families import family as family_info
-from setdlm.validation import SettingError
+from setdlm.util.validation import SettingError
 
 VARIANTS = ("solve", "infill")
 # The GSM8K extraction's two filters; the paper's boxed-answer metrics do not apply here.

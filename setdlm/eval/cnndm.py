@@ -36,13 +36,13 @@ from typing import Literal
 
 from setdlm.core.decoding import DecodeConfig
 from setdlm.data.jsonl import read_jsonl
-from setdlm.errors import DataError
 from setdlm.eval.generated_text import flag_counts, output_flags, text_before_eos
 from setdlm.eval.rouge import RougeScorer, RougeSettings, aggregate_rouge
 from setdlm.eval.runner import Example, Task
-from setdlm.files import sha256_file
-from setdlm.hub import load_hub_dataset
-from setdlm.paths import data_dir, data_path
+from setdlm.util.errors import DataError
+from setdlm.util.files import sha256_file
+from setdlm.util.hub import load_hub_dataset
+from setdlm.util.paths import data_dir, data_path
 
 HUB_DATASET = ("abisee/cnn_dailymail", "3.0.0")
 OFFLINE_FILE = ("cnn_dailymail", "test_sample100.jsonl")

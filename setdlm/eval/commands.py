@@ -17,7 +17,8 @@ from pathlib import Path
 from setdlm.core.decoding import DecodeConfig
 from setdlm.eval.runner import BATCHING_CHOICES, resolve_batching
 from setdlm.families import policy_names, with_knobs
-from setdlm.validation import (
+from setdlm.results.layout import point_name
+from setdlm.util.validation import (
     BATCH_SIZE,
     BLOCK_SIZE,
     LIMIT,
@@ -35,7 +36,6 @@ from setdlm.validation import (
     tokenizer_errors,
     warmup_errors,
 )
-from setdlm.workflow.layout import point_name
 
 TASKS = ("gsm8k", "cnndm", "infill", "unconditional", "likelihood", "arithmetic")
 
@@ -233,9 +233,9 @@ def tokenizer_option_errors(tokenizer, model) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from setdlm.checkpoints.zoo import load_pretrained, load_tokenizer_for
     from setdlm.data.tokenizers import load_tokenizer
     from setdlm.eval.runner import RunSettings
-    from setdlm.zoo import load_pretrained, load_tokenizer_for
 
     if args.task != "likelihood":  # before the model loads: the options alone are wrong
         raise_for(warmup_errors(args.warmup, args.limit, "--warmup", "--limit"))

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from setdlm.git import git_output, head_commit
-from setdlm.scheduler import current_job, current_job_id
+from setdlm.util.git import git_output, head_commit
+from setdlm.util.scheduler import current_job, current_job_id
 
 PACKAGES = (
     "setdlm",

@@ -110,7 +110,7 @@ class ARFamilyScorer(CausalScorer):
     its backbone under a causal mask, as its training loss scores tokens."""
 
     def __init__(self, folder: str | Path, device="cpu"):
-        from setdlm.checkpoints import load_model
+        from setdlm.checkpoints.folders import load_model
         from setdlm.data.tokenizers import load_tokenizer
         from setdlm.families import family as family_info
 

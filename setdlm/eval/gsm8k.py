@@ -30,12 +30,12 @@ from pathlib import Path
 
 from setdlm.core.decoding import DecodeConfig
 from setdlm.data.jsonl import read_jsonl
-from setdlm.errors import DataError
 from setdlm.eval.intervals import scored_means
 from setdlm.eval.runner import Example, Task
-from setdlm.hub import load_hub_dataset
-from setdlm.paths import data_dir, data_path
-from setdlm.validation import SettingError
+from setdlm.util.errors import DataError
+from setdlm.util.hub import load_hub_dataset
+from setdlm.util.paths import data_dir, data_path
+from setdlm.util.validation import SettingError
 
 HUB_ID, HUB_CONFIG = "openai/gsm8k", "main"
 TEST_SIZE = 1319

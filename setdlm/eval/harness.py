@@ -52,6 +52,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_filter, register_metric, register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
+from setdlm.checkpoints.zoo import load_pretrained, load_tokenizer_for
 from setdlm.core.decoding import DecodeConfig
 from setdlm.data.tokenizers import load_tokenizer
 from setdlm.eval import gsm8k
@@ -62,10 +63,9 @@ from setdlm.eval.runner import pooled, resolve_batching
 from setdlm.eval.timing import decoding_fields, summarize_speed, synchronized_timer
 from setdlm.families import family as family_info
 from setdlm.families import with_knobs
-from setdlm.files import atomic_write_json
-from setdlm.paths import data_dir, data_path
-from setdlm.progress import progress_bar
-from setdlm.zoo import load_pretrained, load_tokenizer_for
+from setdlm.util.files import atomic_write_json
+from setdlm.util.paths import data_dir, data_path
+from setdlm.util.progress import progress_bar
 
 log = logging.getLogger(__name__)
 

@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Literal, NamedTuple
 
 from setdlm.core.decoding import DecodeConfig
-from setdlm.errors import DataError
 from setdlm.eval.generated_text import flag_counts, output_flags, text_before_eos
 from setdlm.eval.rouge import RougeScorer, RougeSettings, aggregate_rouge
 from setdlm.eval.runner import Example, Task
 from setdlm.families import family as family_info
-from setdlm.files import sha256_file
-from setdlm.paths import data_path
+from setdlm.util.errors import DataError
+from setdlm.util.files import sha256_file
+from setdlm.util.paths import data_path
 
 ROCSTORIES_FILE = ("rocstories", "cloze_test_val__spring2016.csv")
 COLUMNS = (

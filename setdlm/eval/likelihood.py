@@ -20,13 +20,13 @@ from setdlm.data.jsonl import read_jsonl
 from setdlm.data.loader import collate
 from setdlm.data.text import ChunkedLMDataset, load_wikitext2
 from setdlm.eval.fingerprint import hardware, run_provenance, sample_provenance, software_versions
+from setdlm.eval.heldout_nll import sequence_terms, summarize
 from setdlm.eval.records import SampleLog, config_hash, example_seed
 from setdlm.eval.runner import claim_folder, finished_metrics, run_times
-from setdlm.files import atomic_write_json
-from setdlm.hub import load_hub_dataset
-from setdlm.likelihood import sequence_terms, summarize
-from setdlm.paths import data_dir
-from setdlm.progress import progress_bar
+from setdlm.util.files import atomic_write_json
+from setdlm.util.hub import load_hub_dataset
+from setdlm.util.paths import data_dir
+from setdlm.util.progress import progress_bar
 
 HELDOUT_SETS = ("wikitext2", "owt", "lm1b")
 # Copies of the Hub sets that `setdlm data prepare` writes into a data folder (one {"text"} per
@@ -53,9 +53,9 @@ def heldout_documents(name: str) -> list[str]:
         return prepared
     instead = f"prepare a copy (`setdlm data prepare --dataset {name}`) or use wikitext2"
     if name == "owt":  # the official valid split: the last 100k training documents
-        return load_hub_dataset(
-            "Skylion007/openwebtext", split="train[-100000:]", instead=instead
-        )["text"]
+        return load_hub_dataset("Skylion007/openwebtext", split="train[-100000:]", instead=instead)[
+            "text"
+        ]
     if name == "lm1b":
         return load_hub_dataset("lm1b", split="test", instead=instead)["text"]
     raise ValueError(f"unknown held-out set {name!r}; choose from {HELDOUT_SETS}")

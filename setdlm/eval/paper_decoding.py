@@ -34,7 +34,7 @@ from setdlm.core.decoding import DecodeConfig
 def family_sizes(source, mdlm_block: int | None = None) -> tuple[str, dict[str, int | None]]:
     """(family, sizes) of a published checkpoint (a ``zoo.PublishedModel``) or of a loaded
     model: the sizes the family table's knobs name (S, d, length, mdlm_block)."""
-    from setdlm.zoo import TASKS
+    from setdlm.checkpoints.zoo import TASKS
 
     config = getattr(source, "config", None)
     if config is None:  # a zoo.PublishedModel
@@ -53,7 +53,7 @@ def paper_decode_config(
     """The paper's family knobs for ``task`` (gsm8k, cnndm, infill; setdlm/families.py holds
     them) on top of ``base``. ``mdlm_block``: MDLM's block where the task's comes from the
     checkpoint (GSM8K: 32; a loaded model of ours has none)."""
-    from setdlm.zoo import TASKS
+    from setdlm.checkpoints.zoo import TASKS
 
     name, sizes = family_sizes(source, mdlm_block)
     # a loaded model of ours: the block the task's checkpoints decode with (GSM8K: 32)

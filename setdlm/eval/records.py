@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from setdlm.files import atomic_write_bytes
+from setdlm.util.files import atomic_write_bytes
 
 
 class SampleLog:

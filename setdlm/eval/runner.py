@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from setdlm.core.decoding import DecodeConfig
-from setdlm.errors import DataError, UserError
 from setdlm.eval.fingerprint import hardware, run_provenance, sample_provenance, software_versions
 from setdlm.eval.records import SampleLog, config_hash, example_seed
 from setdlm.eval.timing import (
@@ -30,9 +29,10 @@ from setdlm.eval.timing import (
     summarize_speed,
     synchronized_timer,
 )
-from setdlm.files import atomic_write_json
-from setdlm.progress import progress_bar
-from setdlm.validation import raise_for, warmup_errors
+from setdlm.util.errors import DataError, UserError
+from setdlm.util.files import atomic_write_json
+from setdlm.util.progress import progress_bar
+from setdlm.util.validation import raise_for, warmup_errors
 
 
 class ResultFolderTaken(UserError, ValueError):

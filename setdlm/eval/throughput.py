@@ -13,13 +13,13 @@ import statistics
 from pathlib import Path
 
 from setdlm.core.decoding import DecodeConfig
-from setdlm.errors import DataError
 from setdlm.eval.fingerprint import hardware
 from setdlm.eval.records import example_seed
 from setdlm.eval.runner import Task
 from setdlm.eval.timing import synchronized_timer
-from setdlm.files import atomic_write_json
-from setdlm.progress import progress_range as progress_bar_range
+from setdlm.util.errors import DataError
+from setdlm.util.files import atomic_write_json
+from setdlm.util.progress import progress_range as progress_bar_range
 
 
 def paper_throughput(

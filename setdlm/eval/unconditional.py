@@ -74,9 +74,9 @@ from setdlm.eval.timing import (
     synchronized_timer,
 )
 from setdlm.families import family as family_info
-from setdlm.hub import hub_offline, load_hub_dataset, unreachable
-from setdlm.progress import progress_bar
-from setdlm.validation import SettingError
+from setdlm.util.hub import hub_offline, load_hub_dataset, unreachable
+from setdlm.util.progress import progress_bar
+from setdlm.util.validation import SettingError
 
 TEXT_PROTOCOLS = {
     "clean": "generations and references both decoded without special tokens",

@@ -47,9 +47,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from setdlm.errors import UserError
-from setdlm.files import atomic_write_json
-from setdlm.report.results import ResultPoint, Results, hardware_summary, is_number
+from setdlm.report.table import hardware_summary
+from setdlm.results.reader import ResultPoint, Results, is_number
+from setdlm.util.errors import UserError
+from setdlm.util.files import atomic_write_json
 
 FORMAT = 1
 # Counted, not timed: identical on every rerun of the same code and config on a CPU.
@@ -376,4 +377,3 @@ def _tolerance(spec: dict) -> str:
 
 def _show(value) -> str:
     return repr(value) if isinstance(value, float) else str(value)
-

@@ -9,9 +9,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from setdlm.errors import ArgumentParser
-from setdlm.report.results import TASK_FIELDS, ResultLayoutError, load_results
 from setdlm.report.tables import TABLES
+from setdlm.results.layout import TASK_FIELDS
+from setdlm.results.reader import ResultError, load_results
+from setdlm.util.errors import ArgumentParser
 
 FIGURE_TASKS = tuple(TASK_FIELDS)  # every decoding task; likelihood has no speed to plot
 
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         results = load_results(args.run_dir)
-    except (FileNotFoundError, ResultLayoutError) as error:
+    except (FileNotFoundError, ResultError) as error:
         print(f"setdlm report: {error}", file=sys.stderr)
         return 2
     # One folder per run, as the workflow keeps them: the tiny and paper runs never overwrite
@@ -102,7 +103,7 @@ def check_main(argv: list[str] | None = None) -> int:
         if args.write:
             return _write(results, args.baseline, write_baseline)
         baseline = load_baseline(args.baseline)
-    except (FileNotFoundError, ResultLayoutError, BaselineError) as error:
+    except (FileNotFoundError, ResultError, BaselineError) as error:
         print(f"setdlm check: {error}", file=sys.stderr)
         return 2
     notes: list[str] = []

@@ -21,11 +21,11 @@ import sys
 from pathlib import Path
 
 from setdlm.data.jsonl import read_jsonl
-from setdlm.errors import ArgumentParser
-from setdlm.files import sha256_file
 from setdlm.report.check import EXACT_SPEED
-from setdlm.tracking.results import MODELS_FOLDER as MODELS
-from setdlm.tracking.results import TRAINED_MARKER
+from setdlm.results.layout import MODELS_FOLDER as MODELS
+from setdlm.results.layout import TRAINED_MARKER
+from setdlm.util.errors import ArgumentParser
+from setdlm.util.files import sha256_file
 
 # Sample fields that describe how a run went, not what it computed.
 RUN_FIELDS = frozenset(

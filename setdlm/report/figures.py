@@ -26,19 +26,14 @@ from pathlib import Path
 import matplotlib.style
 from matplotlib.figure import Figure
 
-from setdlm import published
 from setdlm.families import FAMILY_NAMES
 from setdlm.families import family as family_info
 from setdlm.families import policy as policy_info
-from setdlm.files import atomic_write_bytes
-from setdlm.report.results import (
-    HEADLINE_QUALITY,
-    ResultPoint,
-    Results,
-    format_tau,
-    hardware_summary,
-    model_title,
-)
+from setdlm.report import paper_numbers
+from setdlm.report.table import format_tau, hardware_summary
+from setdlm.results.layout import HEADLINE_QUALITY
+from setdlm.results.reader import ResultPoint, Results
+from setdlm.util.files import atomic_write_bytes
 
 
 @dataclass(frozen=True)
@@ -102,7 +97,7 @@ class Curve:
 
     @property
     def label(self) -> str:
-        label = model_title(self.family, self.size)
+        label = family_info(self.family).model_title(self.size)
         if self.policy is not None:
             exact = policy_info(self.policy).exact_cache
             label += f", {self.policy}" + ("" if exact else " (approx. cache)")
@@ -162,7 +157,7 @@ def published_curves(task: str, points: list[ResultPoint]) -> list[Curve]:
                 for p in series.points
             ],
         )
-        for series in published.GSM8K
+        for series in paper_numbers.GSM8K
     ]
 
 
@@ -253,7 +248,7 @@ def _footer(points: list[ResultPoint], task: str) -> str:
     hardware = sorted({hardware_summary(p.metrics) for p in points})
     text = "ours: " + ("; ".join(hardware) if hardware else "no results")
     if task == "gsm8k":
-        text += f" | published (dashed): SPEC 6.1, hardware {published.HARDWARE}"
+        text += f" | published (dashed): SPEC 6.1, hardware {paper_numbers.HARDWARE}"
     return text
 
 

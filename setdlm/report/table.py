@@ -174,3 +174,22 @@ LATEX_SPECIALS = {
 
 def latex_escape(text: str) -> str:
     return "".join(LATEX_SPECIALS.get(char, char) for char in text)
+
+
+def format_tau(tau: float | None) -> str:
+    """1e6 rather than 1e+06; "-" where τ does not apply."""
+    if tau is None:
+        return "-"
+    return f"{tau:g}".replace("e+0", "e").replace("e+", "e")
+
+
+def hardware_summary(metrics: dict) -> str:
+    """The hardware a result was computed on, in one line."""
+    hardware = metrics.get("hardware") or {}
+    device = hardware.get("device", "unknown device")
+    threads = hardware.get("torch_threads")
+    parts = [hardware.get("cpu"), hardware.get("cpu_capability")]
+    if threads is not None:
+        parts.append(f"{threads} torch thread{'s' if threads != 1 else ''}")
+    details = ", ".join(str(p) for p in parts if p)
+    return f"{device} ({details})" if details else device

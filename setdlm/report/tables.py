@@ -14,21 +14,23 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from setdlm import published
 from setdlm.families import FAMILY_NAMES
 from setdlm.families import family as family_info
 from setdlm.families import policy as policy_info
-from setdlm.files import atomic_write_text
+from setdlm.report import paper_numbers
 from setdlm.report.aup import ALPHA, aup
-from setdlm.report.results import (
-    HEADLINE_QUALITY,
-    ResultPoint,
-    Results,
+from setdlm.report.table import (
+    Column,
+    Table,
     format_tau,
     hardware_summary,
-    speed_protocol_of,
+    to_csv,
+    to_latex,
+    to_markdown,
 )
-from setdlm.report.table import Column, Table, to_csv, to_latex, to_markdown
+from setdlm.results.layout import HEADLINE_QUALITY
+from setdlm.results.reader import ResultPoint, Results, speed_protocol_of
+from setdlm.util.files import atomic_write_text
 
 
 @dataclass(frozen=True)
@@ -345,7 +347,7 @@ def gsm8k_table(results: Results) -> Table:
     for point in points:
         # the published points decoded with each family's own policy
         reference = (
-            published.match_gsm8k(point.family, point.size, point.tau)
+            paper_numbers.match_gsm8k(point.family, point.size, point.tau)
             if point.policy is None
             else None
         )
@@ -359,7 +361,7 @@ def gsm8k_table(results: Results) -> Table:
             continue
         row = _decoding_row(point, GSM8K) | _published_cells(reference, point)
         rows.append((point.sort_key()[1:], row))
-    for reference in published.gsm8k_points():
+    for reference in paper_numbers.gsm8k_points():
         if id(reference) not in matched:
             info = family_info(reference.family)
             row = {"model": info.model_name(reference.size)}
@@ -387,10 +389,11 @@ def gsm8k_table(results: Results) -> Table:
         SPEED_NOTE,
         *_result_notes(points, GSM8K, results),
         *policy_notes(points),
-        f"Published numbers: {published.PROVENANCE}. Matched by family, size and τ (AR: its "
+        f"Published numbers: {paper_numbers.PROVENANCE}. Matched by family, size and τ (AR: its "
         "one point). BD3LM's τ were not recorded: they are presumed to follow the sweep "
-        f"({', '.join(format_tau(t) for t in published.GSM8K_TAUS)}) in order ('τ presumed'). "
-        f"Published hardware: {published.HARDWARE}. Published examples: {published.EXAMPLES}. "
+        f"({', '.join(format_tau(t) for t in paper_numbers.GSM8K_TAUS)}) in order "
+        f"('τ presumed'). Published hardware: {paper_numbers.HARDWARE}. Published examples: "
+        f"{paper_numbers.EXAMPLES}. "
         "Differences are only meaningful for the published checkpoints evaluated with the "
         "paper's protocol on comparable hardware.",
     ]
@@ -409,7 +412,7 @@ def _gsm8k_table_without_published(results: Results, points, reasons: dict) -> T
         SPEED_NOTE,
         *_result_notes(points, GSM8K, results),
         *policy_notes(points),
-        f"Not comparable with the published numbers ({published.PROVENANCE}): {why}. "
+        f"Not comparable with the published numbers ({paper_numbers.PROVENANCE}): {why}. "
         "No Δ is shown; the published points are compared only where the configuration is "
         "the published one.",
     ]

@@ -12,10 +12,8 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from setdlm.errors import ArgumentParser
-from setdlm.files import atomic_write_json
+from setdlm.results.reader import RESULTS_DIR_ENV, ResultError, find_results, results_root
 from setdlm.tracking.record import run_record
-from setdlm.tracking.results import RESULTS_DIR_ENV, ResultError, find_results, results_root
 from setdlm.tracking.store import (
     StoreUnavailable,
     open_client,
@@ -23,7 +21,9 @@ from setdlm.tracking.store import (
     sqlite_path,
     writer_lock,
 )
-from setdlm.validation import option
+from setdlm.util.errors import ArgumentParser
+from setdlm.util.files import atomic_write_json
+from setdlm.util.validation import option
 
 SYNC_HELP = """Mirror the finished results under RESULTS_DIR into MLflow: one experiment per task,
 one run per point (identified by its config hash), params, metrics, tags and artifacts.

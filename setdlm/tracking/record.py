@@ -28,13 +28,8 @@ from pathlib import Path
 
 from setdlm.eval.records import config_hash
 from setdlm.families import family as family_info
-from setdlm.report.results import (
-    HEADLINE_QUALITY,
-    LIKELIHOOD_HEADLINE,
-    LIKELIHOOD_PREFIX,
-    quality_interval,
-)
-from setdlm.tracking.results import ResultPoint
+from setdlm.results.layout import HEADLINE_QUALITY, LIKELIHOOD_HEADLINE, LIKELIHOOD_PREFIX
+from setdlm.results.reader import ResultPoint, quality_interval
 
 # MLflow's limits (mlflow.utils.validation): longer keys or values are refused.
 MAX_KEY_LENGTH = 250

@@ -19,9 +19,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from setdlm.errors import UserError
-from setdlm.files import fsync_dir, move_aside
-from setdlm.tracking.results import ARTIFACTS_FOLDER
+from setdlm.results.layout import ARTIFACTS_FOLDER
+from setdlm.util.errors import UserError
+from setdlm.util.files import fsync_dir, move_aside
 
 DEFAULT_STORE = "mlflow.db"
 SERVER_LOCK = ".mlflow-sync.lock"  # in the results root, for a sync to a server

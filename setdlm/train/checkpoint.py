@@ -30,9 +30,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, load_model
 
-from setdlm.errors import UserError
-from setdlm.files import atomic_write_json, fsync_dir, sha256_file
 from setdlm.train.ema import copy_averaged_weights
+from setdlm.util.errors import UserError
+from setdlm.util.files import atomic_write_json, fsync_dir, sha256_file
 
 FORMAT = "setdlm-train-checkpoint/1"
 MANIFEST_NAME = "manifest.json"
@@ -42,8 +42,9 @@ EMA_FILE = "ema.safetensors"
 _FINAL_NAME = re.compile(r"step-\d{8,}")
 
 
-class CheckpointError(UserError, RuntimeError):
-    """A checkpoint or its manifest is missing, malformed or does not match its hashes."""
+class TrainingStateError(UserError, RuntimeError):
+    """A training checkpoint (the state a training resumes from) or its manifest is missing,
+    malformed or does not match its hashes."""
 
 
 def checkpoint_name(step: int) -> str:
@@ -120,9 +121,9 @@ def read_manifest(checkpoints_dir: Path) -> list[dict[str, Any]]:
         manifest = json.loads(path.read_text())
         entries = manifest["checkpoints"]
     except (json.JSONDecodeError, KeyError, TypeError) as error:
-        raise CheckpointError(f"{path} is not a checkpoint manifest ({error!r})") from error
+        raise TrainingStateError(f"{path} is not a checkpoint manifest ({error!r})") from error
     if manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{path} has format {manifest.get('format')!r}, expected {FORMAT}")
+        raise TrainingStateError(f"{path} has format {manifest.get('format')!r}, expected {FORMAT}")
     return entries
 
 
@@ -136,13 +137,15 @@ def verify_checkpoint(checkpoint: Path) -> None:
     """Check every file of a checkpoint against the sizes and sha256 sums in the manifest."""
     entries = {entry["name"]: entry for entry in read_manifest(checkpoint.parent)}
     if checkpoint.name not in entries:
-        raise CheckpointError(f"{checkpoint} is not listed in {checkpoint.parent / MANIFEST_NAME}")
+        raise TrainingStateError(
+            f"{checkpoint} is not listed in {checkpoint.parent / MANIFEST_NAME}"
+        )
     for filename, expected in entries[checkpoint.name]["files"].items():
         path = checkpoint / filename
         if not path.is_file():
-            raise CheckpointError(f"checkpoint file {path} is missing")
+            raise TrainingStateError(f"checkpoint file {path} is missing")
         if path.stat().st_size != expected["bytes"] or sha256_file(path) != expected["sha256"]:
-            raise CheckpointError(f"checkpoint file {path} does not match its manifest hash")
+            raise TrainingStateError(f"checkpoint file {path} does not match its manifest hash")
 
 
 def read_state(checkpoint: Path) -> dict[str, Any]:
@@ -150,16 +153,16 @@ def read_state(checkpoint: Path) -> dict[str, Any]:
     try:
         state = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"cannot read checkpoint state {path} ({error!r})") from error
+        raise TrainingStateError(f"cannot read checkpoint state {path} ({error!r})") from error
     if state.get("format") != FORMAT:
-        raise CheckpointError(f"{path} has format {state.get('format')!r}, expected {FORMAT}")
+        raise TrainingStateError(f"{path} has format {state.get('format')!r}, expected {FORMAT}")
     return state
 
 
 def read_tensors(checkpoint: Path, filename: str) -> dict[str, torch.Tensor]:
     path = checkpoint / filename
     if not path.is_file():
-        raise CheckpointError(f"checkpoint file {path} is missing")
+        raise TrainingStateError(f"checkpoint file {path} is missing")
     return load_file(path)
 
 
@@ -173,6 +176,6 @@ def load_weights(model: torch.nn.Module, checkpoint: Path, *, use_ema: bool = Tr
         copy_averaged_weights(read_tensors(checkpoint, EMA_FILE), model)
         return "ema"
     if not (checkpoint / MODEL_FILE).is_file():
-        raise CheckpointError(f"checkpoint file {checkpoint / MODEL_FILE} is missing")
+        raise TrainingStateError(f"checkpoint file {checkpoint / MODEL_FILE} is missing")
     load_model(model, checkpoint / MODEL_FILE, strict=True)
     return "raw"

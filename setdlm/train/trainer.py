@@ -30,13 +30,13 @@ import torch
 from accelerate import Accelerator
 
 from setdlm.core.outputs import LossOutput
-from setdlm.errors import UserError
-from setdlm.files import atomic_write_json, atomic_write_text
-from setdlm.progress import progress_bar
 from setdlm.train.checkpoint import latest_checkpoint
 from setdlm.train.config import TrainConfig
 from setdlm.train.preemption import Preempted, watch_preemption
 from setdlm.train.run import TrainingRun
+from setdlm.util.errors import UserError
+from setdlm.util.files import atomic_write_json, atomic_write_text
+from setdlm.util.progress import progress_bar
 
 LOSSES_NAME = "losses.jsonl"
 

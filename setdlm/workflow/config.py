@@ -23,11 +23,18 @@ from typing import Any
 
 import yaml
 
-from setdlm import validation
-from setdlm.errors import UserError
 from setdlm.families import FAMILIES, MODEL_NAME_HELP, UnknownNameError, parse_model_name
 from setdlm.families import family as family_info
-from setdlm.validation import (
+from setdlm.results.layout import (
+    ARITHMETIC_TASKS,
+    DECODING_TASKS,
+    LIKELIHOOD_TASKS,
+    TASK_DOMAIN,
+    point_name,
+)
+from setdlm.util import validation
+from setdlm.util.errors import UserError
+from setdlm.util.validation import (
     block_errors,
     budget_errors,
     expectation,
@@ -35,18 +42,11 @@ from setdlm.validation import (
     warmup_errors,
 )
 from setdlm.workflow import datasets
-from setdlm.workflow.layout import (
-    ARITHMETIC_TASKS,
-    DECODING_TASKS,
-    LIKELIHOOD_TASKS,
-    TASK_DOMAIN,
-    point_name,
-)
 
 WORKFLOW_DIR = Path(__file__).resolve().parents[2] / "workflows"
 MODELS_PATH = WORKFLOW_DIR / "config" / "models.yaml"
-# The TinySettings defaults the checks need (tests keep them equal to setdlm.tiny's; importing
-# setdlm.tiny here would load torch every time the DAG is built).
+# The TinySettings defaults the checks need (tests keep them equal to setdlm.recipes.tiny's;
+# importing setdlm.recipes.tiny here would load torch every time the DAG is built).
 TINY_DEFAULTS = {
     "length": 64,
     "hidden_size": 128,

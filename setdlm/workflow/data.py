@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from setdlm.errors import ArgumentParser
+from setdlm.util.errors import ArgumentParser
 from setdlm.workflow import datasets
 
 
@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
     if args.command == "prepare":
         data_dir = args.data_dir
         if args.source == "dir" and data_dir is None:
-            from setdlm.paths import data_dir as environment_data_dir
+            from setdlm.util.paths import data_dir as environment_data_dir
 
             data_dir = environment_data_dir()
             if data_dir is None:

@@ -32,11 +32,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from setdlm.errors import DataError
-from setdlm.files import atomic_write_json, atomic_write_text, fsync_dir, sha256_file
-from setdlm.hub import load_hub_dataset
-from setdlm.paths import DataNotFoundError
-from setdlm.scheduler import current_job
+from setdlm.util.errors import DataError
+from setdlm.util.files import atomic_write_json, atomic_write_text, fsync_dir, sha256_file
+from setdlm.util.hub import load_hub_dataset
+from setdlm.util.paths import DataNotFoundError
+from setdlm.util.scheduler import current_job
 
 MANIFEST = "manifest.json"
 

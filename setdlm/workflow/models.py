@@ -1,9 +1,9 @@
 """workflows/config/models.yaml, generated from the one table of published checkpoints.
 
-setdlm/zoo.py is where keys, Hub ids and loading settings are defined; models.yaml shows the
-same table to workflow configurations (and to the checks that run before any job is queued)
-without importing the package. A test fails when the file and the table disagree; regenerate
-it with
+setdlm/checkpoints/zoo.py is where keys, Hub ids and loading settings are defined; models.yaml
+shows the same table to workflow configurations (and to the checks that run before any job is
+queued) without importing the package. A test fails when the file and the table disagree;
+regenerate it with
 
     python -m setdlm.workflow.models > workflows/config/models.yaml
 """
@@ -17,7 +17,8 @@ import yaml
 
 HEADER = """\
 # Published checkpoints: compact key -> Hub id and every setting loading needs (no setting is
-# guessed from a name). GENERATED from setdlm/zoo.py; do not edit by hand. Regenerate with
+# guessed from a name). GENERATED from setdlm/checkpoints/zoo.py; do not edit by hand.
+# Regenerate with
 #   python -m setdlm.workflow.models > workflows/config/models.yaml
 # (tests/test_workflow.py fails when this file and the table disagree). Workflow configurations
 # name these keys under models.<name>.checkpoint.<domain>.
@@ -25,7 +26,7 @@ HEADER = """\
 
 
 def models_table() -> dict:
-    from setdlm.zoo import PUBLISHED, SIZES
+    from setdlm.checkpoints.zoo import PUBLISHED, SIZES
 
     checkpoints = {}
     for key, spec in PUBLISHED.items():

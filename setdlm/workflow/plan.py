@@ -18,7 +18,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from setdlm.families import family as family_info
-from setdlm.git import head_commit
+from setdlm.results.layout import (
+    ARITHMETIC_TASKS,
+    LIKELIHOOD_POINT,
+    LIKELIHOOD_TASKS,
+    TABLES,
+    TASK_DOMAIN,
+    figure_files,
+    point_name,
+    result_dir,
+    run_dir,
+    table_files,
+)
+from setdlm.util.git import head_commit
 from setdlm.workflow import datasets
 from setdlm.workflow.config import (
     data_dir,
@@ -33,18 +45,6 @@ from setdlm.workflow.config import (
     train_settings,
     used_models,
     validate,
-)
-from setdlm.workflow.layout import (
-    ARITHMETIC_TASKS,
-    LIKELIHOOD_POINT,
-    LIKELIHOOD_TASKS,
-    TABLES,
-    TASK_DOMAIN,
-    figure_files,
-    point_name,
-    result_dir,
-    run_dir,
-    table_files,
 )
 
 # Resources of a stage that neither the stage nor `resources.default` sets.
@@ -369,7 +369,7 @@ def save_config(plan: Plan) -> Path:
     (``setdlm train --config``). Rewritten only when it changes, so it never looks newer."""
     import yaml
 
-    from setdlm.files import atomic_write_text
+    from setdlm.util.files import atomic_write_text
 
     path = Path(plan.run) / "config.yaml"
     text = yaml.safe_dump(plan.config, sort_keys=False, allow_unicode=True)
@@ -409,7 +409,7 @@ def set_aside_unreadable(plan: Plan) -> list[str]:
     kept, never deleted."""
     import json
 
-    from setdlm.files import move_aside
+    from setdlm.util.files import move_aside
 
     wanted = {path: "quality" for path in plan.all_metrics()}
     wanted |= {path: "files" for path in plan.model_markers()}
@@ -464,7 +464,7 @@ def _changed_model_files(marker: Path, checkpoint: dict) -> str | None:
     Only a file missing or modified after the marker was written is hashed, so a run's start
     stays cheap; a file changed without a new modification time is still refused when an
     evaluation loads it (the weights' own recorded sha256)."""
-    from setdlm.files import sha256_file
+    from setdlm.util.files import sha256_file
 
     written = marker.stat().st_mtime_ns
     folder = Path(checkpoint.get("snapshot") or marker.parent)  # a fetched model's cache copy

@@ -20,10 +20,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from setdlm.files import atomic_write_json
+from setdlm.results.layout import RESULT_FILES
+from setdlm.util.files import atomic_write_json
 
 STAMP = "workflow.json"
-RESULT_FILES = ("samples.jsonl", "metrics.json", "run.json", "throughput.json")
 
 
 def start(folder: str | Path, config_hash: str, code_version: str) -> None:

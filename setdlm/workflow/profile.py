@@ -16,7 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from setdlm.errors import ArgumentParser
+from setdlm.util.errors import ArgumentParser
 from setdlm.workflow.config import WORKFLOW_DIR
 
 PROFILES_DIR = WORKFLOW_DIR / "profiles"

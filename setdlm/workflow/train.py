@@ -5,15 +5,15 @@
     setdlm train --config workflows/config/paper.yaml --model setdlm-smax8 --domain gsm8k \\
         --out results/runs/paper/models/setdlm-smax8
 
-A model with ``train:`` settings is trained exactly like the tiny job's families (setdlm/tiny.py:
-the same BPE, model config, initial weights and TrainConfig) on WikiText-2 read through
-``SETDLM_DATA_DIR``. OUT becomes a model folder (config.json, model.safetensors, tokenizer
-files) and ``OUT/checkpoint.json``, written last, records the settings and every file's sha256.
-Training state (checkpoints, losses) lives in ``--work`` (default ``<OUT's parent>/.training/
-<name>``): a killed training resumes from its last checkpoint, while other settings, data or
-code start it over. SIGUSR1 or SIGTERM (a scheduler's preemption or time-limit warning) stops
-it after the current step with a checkpoint of that step and exit status 75; the same command
-then resumes from there.
+A model with ``train:`` settings is trained exactly like the tiny job's families
+(setdlm/recipes/tiny.py: the same BPE, model config, initial weights and TrainConfig) on
+WikiText-2 read through ``SETDLM_DATA_DIR``. OUT becomes a model folder (config.json,
+model.safetensors, tokenizer files) and ``OUT/checkpoint.json``, written last, records the
+settings and every file's sha256. Training state (checkpoints, losses) lives in ``--work``
+(default ``<OUT's parent>/.training/ <name>``): a killed training resumes from its last
+checkpoint, while other settings, data or code start it over. SIGUSR1 or SIGTERM (a scheduler's
+preemption or time-limit warning) stops it after the current step with a checkpoint of that step
+and exit status 75; the same command then resumes from there.
 
 A model with ``checkpoint:`` keys is fetched: the published checkpoint of each domain is loaded
 once (config, weights and tokenizer are downloaded into the Hugging Face cache and checked in
@@ -29,10 +29,10 @@ import sys
 import time
 from pathlib import Path
 
-from setdlm.errors import ArgumentParser
-from setdlm.files import atomic_write_json, sha256_file
-from setdlm.scheduler import current_job
 from setdlm.train.preemption import EXIT_PREEMPTED, Preempted
+from setdlm.util.errors import ArgumentParser
+from setdlm.util.files import atomic_write_json, sha256_file
+from setdlm.util.scheduler import current_job
 from setdlm.workflow.config import WORKFLOW_DIR, load, train_settings
 from setdlm.workflow.plan import code_version
 
@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
 
 def tiny_settings(config: dict, name: str):
     """The model's TinySettings: the configuration's train settings, S or d as block size."""
-    from setdlm.tiny import TinySettings
+    from setdlm.recipes.tiny import TinySettings
 
     entry = config["models"][name]
     block_size = entry.get("block_size") or entry.get("d") or TinySettings.block_size
@@ -85,8 +85,8 @@ def tiny_settings(config: dict, name: str):
 def train_model(name: str, config: dict, out: Path, work: Path, log=print) -> dict:
     from dataclasses import asdict
 
-    from setdlm.checkpoints import save_model
-    from setdlm.tiny import (
+    from setdlm.checkpoints.folders import save_model
+    from setdlm.recipes.tiny import (
         build_tiny_model,
         corpus_documents,
         corpus_identity,
@@ -165,7 +165,7 @@ def _start_over_unless_same(work: Path, identity: dict, log) -> None:
 
 
 def fetch_checkpoint(name: str, entry: dict, domain: str, out: Path, log=print) -> dict:
-    from setdlm.zoo import load_pretrained, load_tokenizer_for
+    from setdlm.checkpoints.zoo import load_pretrained, load_tokenizer_for
 
     key = entry["checkpoint"][domain]
     loaded = load_pretrained(key)  # downloads config, weights and tokenizer, checks them all

@@ -18,10 +18,10 @@ from safetensors.torch import load_file, save_file
 
 from setdlm.core.family import Family, ModelConfig
 from setdlm.core.schedules import LinearSchedule, StaggeredSchedule
-from setdlm.errors import UserError
 from setdlm.families import FAMILIES, build_model
 from setdlm.families import family as family_info
-from setdlm.files import atomic_write_json, fsync_dir, sha256_file
+from setdlm.util.errors import UserError
+from setdlm.util.files import atomic_write_json, fsync_dir, sha256_file
 
 MODEL_FORMAT = "setdlm-model/1"
 # The official config.json names the family by its class, which is the family's title.

@@ -18,11 +18,11 @@ from typing import Any
 
 import yaml
 
-from setdlm.errors import UserError
 from setdlm.families import FAMILIES, FAMILY_NAMES, MODEL_NAME_PATTERN, UnknownNameError
 from setdlm.families import family as family_info
+from setdlm.util.errors import UserError
 
-SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflows" / "config" / "schema.yaml"
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "workflows" / "config" / "schema.yaml"
 
 
 class SettingError(UserError, ValueError):

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from setdlm.bench import BenchSettings, bench_decode_config
-from setdlm.errors import UserError
 from setdlm.families import FAMILY_NAMES
+from setdlm.recipes.bench import BenchSettings, bench_decode_config
+from setdlm.util.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -199,11 +199,11 @@ def _failed(family: str, size: int, error: Exception) -> dict:
 
 def _model(family: str, settings: GpuCheckSettings):
     if settings.size == "real":
-        from setdlm.real_size import QWEN3_TOKENS, build_real_size
+        from setdlm.recipes.real_size import QWEN3_TOKENS, build_real_size
 
         return build_real_size(family, QWEN3_TOKENS, device=settings.device)
     if settings.size == "tiny":
-        from setdlm.bench import bench_model
+        from setdlm.recipes.bench import bench_model
 
         return bench_model(family, BenchSettings()).to(settings.device)
     raise UserError(f"--size must be real or tiny, got {settings.size!r}")

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from setdlm.checkpoints import config_from_official, load_state, read_weights
+from setdlm.checkpoints.folders import config_from_official, load_state, read_weights
 from setdlm.core import masks
 from setdlm.core.decoding import DecodeConfig
 from setdlm.core.schedules import LinearSchedule, StaggeredSchedule

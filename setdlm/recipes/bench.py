@@ -22,10 +22,10 @@ import torch
 from setdlm.core.decoding import DecodeConfig
 from setdlm.core.family import ModelConfig, default_schedule
 from setdlm.core.random_weights import redraw_weights
-from setdlm.errors import DataError
 from setdlm.families import FAMILY_NAMES, build_model, with_knobs
 from setdlm.families import family as family_info
-from setdlm.progress import progress_bar
+from setdlm.util.errors import DataError
+from setdlm.util.progress import progress_bar
 
 
 @dataclass(frozen=True)
@@ -256,7 +256,7 @@ def random_workloads(settings: BenchSettings, num_prompts: int) -> list[Workload
 def arithmetic_workloads(models_dir: Path, num_prompts: int) -> list[Workload]:
     """The mini benchmark's trained models (``<run>/models/*-arith``) on its test problems,
     with the task's own decoding (EOS stop, its budget): rows stop where their solution ends."""
-    from setdlm.checkpoints import load_model
+    from setdlm.checkpoints.folders import load_model
     from setdlm.data.tokenizers import load_tokenizer
     from setdlm.eval.arithmetic_task import (
         ArithmeticSettings,

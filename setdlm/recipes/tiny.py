@@ -16,19 +16,19 @@ from pathlib import Path
 
 import torch
 
-from setdlm.checkpoints import load_model, save_model
+from setdlm.checkpoints.folders import load_model, save_model
 from setdlm.core.decoding import DecodeConfig
 from setdlm.core.family import ModelConfig, default_schedule
 from setdlm.data.loader import collate
 from setdlm.data.text import ChunkedLMDataset, PaddedRowsDataset, load_wikitext2
 from setdlm.data.tokenizers import SpecialTokens, load_tokenizer, train_bpe_tokenizer
 from setdlm.eval import arithmetic
+from setdlm.eval.heldout_nll import evaluate_likelihood
 from setdlm.families import FAMILY_NAMES, build_model, with_knobs
 from setdlm.families import family as family_info
-from setdlm.files import atomic_write_json, atomic_write_text, sha256_file
-from setdlm.likelihood import evaluate_likelihood
-from setdlm.paths import data_path
 from setdlm.train import TrainConfig, latest_checkpoint, load_weights, train
+from setdlm.util.files import atomic_write_json, atomic_write_text, sha256_file
+from setdlm.util.paths import data_path
 
 CORPORA = ("wikitext2", "arithmetic")
 

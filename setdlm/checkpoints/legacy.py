@@ -32,12 +32,12 @@ from pathlib import Path
 
 import torch
 
-from setdlm.checkpoints import CheckpointError
+from setdlm.checkpoints.folders import CheckpointError
+from setdlm.checkpoints.zoo import LEGACY_FAMILIES
 from setdlm.core.backbones.dit import DiTConfig
 from setdlm.core.family import ModelConfig, default_schedule
 from setdlm.families import build_model
 from setdlm.families import family as family_info
-from setdlm.zoo import LEGACY_FAMILIES
 
 OWT_HEADS, OWT_LENGTH, OWT_COND_DIM = 12, 1024, 128
 GPT2_EOS = 50256
@@ -151,7 +151,7 @@ def legacy_config(state: dict[str, torch.Tensor], family: str, path: Path, **siz
 
 def load_lightning(path: str | Path, family: str, use_ema: bool = True, **sizes):
     """A family model (eval mode) from a legacy ``.ckpt``: EMA weights by default."""
-    from setdlm.checkpoints import load_state
+    from setdlm.checkpoints.folders import load_state
 
     path = Path(path)
     checkpoint = read_lightning(path)

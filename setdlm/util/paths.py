@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from setdlm.errors import UserError
+from setdlm.util.errors import UserError
 
 DATA_DIR_ENV = "SETDLM_DATA_DIR"
 

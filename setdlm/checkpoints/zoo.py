@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from setdlm.hub import hub_offline
-from setdlm.paths import DataNotFoundError
+from setdlm.util.hub import hub_offline
+from setdlm.util.paths import DataNotFoundError
 
 ORG = "kuleshov-group"
 # The Hub commit each published checkpoint is pinned to, by key (written by
@@ -214,7 +214,7 @@ def load_pretrained(name: str, revision: str | None = None) -> Loaded:
     only; never code). The table's settings then replace what the official loader would guess
     from the name.
     """
-    from setdlm.checkpoints import CheckpointError, load_model
+    from setdlm.checkpoints.folders import CheckpointError, load_model
 
     folder = Path(name).expanduser()
     if folder.is_dir():
@@ -263,7 +263,7 @@ def _download(repo_id: str, revision: str | None) -> str:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
 
-    from setdlm.checkpoints import CheckpointError
+    from setdlm.checkpoints.folders import CheckpointError
 
     patterns = ["*.json", "*.safetensors", "pytorch_model.bin", "*.txt", "*.model", "*/config.json"]
     try:
@@ -295,8 +295,8 @@ def pin_revisions(keys: list[str]) -> dict[str, str]:
     """
     from huggingface_hub import HfApi
 
-    from setdlm.checkpoints import CheckpointError
-    from setdlm.files import atomic_write_json
+    from setdlm.checkpoints.folders import CheckpointError
+    from setdlm.util.files import atomic_write_json
 
     specs = []
     for key in keys:

@@ -153,7 +153,7 @@ def official_config(family: str, ids: TokenIds) -> dict:
 def build_real_size(family: str, ids: TokenIds, dtype=torch.bfloat16, device="cpu"):
     """The family's GSM8K architecture with random weights in ``dtype``, via the official
     loader's config path, built directly on ``device``."""
-    from setdlm.checkpoints import config_from_official
+    from setdlm.checkpoints.folders import config_from_official
 
     with tempfile.TemporaryDirectory() as folder:
         (Path(folder) / "qwen3_backbone").mkdir()

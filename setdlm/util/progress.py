@@ -15,9 +15,7 @@ def quiet() -> bool:
     return os.environ.get(QUIET_ENV, "").lower() in ("1", "true", "yes", "on")
 
 
-def progress_bar(
-    total: int, what: str, done: int = 0, unit: str = "example", enabled: bool = True
-):
+def progress_bar(total: int, what: str, done: int = 0, unit: str = "example", enabled: bool = True):
     """A tqdm bar over ``total`` items of which ``done`` are already finished (a resumed run
     starts there); disabled off a terminal (tqdm's ``disable=None``), when quiet, or when the
     caller says so (another process draws it)."""

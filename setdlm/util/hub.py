@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from setdlm.errors import UserError
+from setdlm.util.errors import UserError
 
 TRUE = ("1", "true", "yes", "on")
 

@@ -1,11 +1,15 @@
-"""The results layout and the names every stage agrees on (shared with sync and report).
+"""The results layout and the names every stage agrees on: the workflow writes it, the reader
+(``setdlm/results/reader.py``) reads it for the report and the MLflow sync.
 
     <results>/runs/<config name>/
         data/                        prepared data laid out like SETDLM_DATA_DIR + manifest.json
-        models/<model name>/         a trained model folder, or checkpoint-<domain>.json markers
-        <task>/<model name>/<point>/ one evaluation result: samples.jsonl, metrics.json, run.json
+        models/<model name>/         a trained model folder (checkpoint.json marks it done), or
+                                     checkpoint-<domain>.json markers of fetched checkpoints
+        <task>/<model name>/<point>/ one evaluation result: samples.jsonl, metrics.json,
+                                     run.json (and throughput.json)
         logs/                        one log per job (flat: nothing in it looks like a result)
-    <results>/mlflow.db, <results>/tables/<config name>/, <results>/figures/<config name>/
+    <results>/mlflow.db, <results>/mlartifacts/ (the default MLflow store and its artifacts)
+    <results>/tables/<config name>/, <results>/figures/<config name>/
 
 Model names say the family and size (setdlm/families.py holds the grammar): ``ar``, ``mdlm``,
 ``bd3lm-s<S>``, ``setdlm-smax<M>`` (M = 2d, the paper's pairing of SetDLM-smax2S with
@@ -23,6 +27,13 @@ from pathlib import Path
 
 from setdlm.families import MODEL_WILDCARD, parse_model_name  # noqa: F401  (the layout's names)
 
+RUNS_FOLDER = "runs"
+MODELS_FOLDER = "models"  # runs/<config>/models/<model>/: trained or fetched checkpoints
+TRAINED_MARKER = "checkpoint.json"
+ARTIFACTS_FOLDER = "mlartifacts"
+# The files of a result folder (mirrored as MLflow artifacts, when present).
+RESULT_FILES = ("samples.jsonl", "metrics.json", "run.json", "throughput.json")
+
 # arithmetic-*: the synthetic task of setdlm/eval/arithmetic.py (solve, and infill one step)
 ARITHMETIC_TASKS = ("arithmetic-solve", "arithmetic-infill")
 DECODING_TASKS = ("gsm8k", "cnndm", "infill-1", "infill-3", "unconditional", *ARITHMETIC_TASKS)
@@ -33,7 +44,30 @@ LIKELIHOOD_TASKS = {
     "likelihood-lm1b": "lm1b",
 }
 TASKS = (*DECODING_TASKS, *LIKELIHOOD_TASKS)
+LIKELIHOOD_PREFIX = "likelihood-"
 LIKELIHOOD_POINT = "default"
+# Task folder -> the ``task`` field its evaluation writes into metrics.json (likelihood-<data>:
+# "likelihood", on the data its config names).
+TASK_FIELDS = {
+    "gsm8k": "gsm8k",
+    "cnndm": "cnndm",
+    "infill-1": "rocstories-infill-1",
+    "infill-3": "rocstories-infill-3",
+    "unconditional": "unconditional",
+    "arithmetic-solve": "arithmetic-solve",
+    "arithmetic-infill": "arithmetic-infill",
+}
+# The quality each task is plotted and compared by (its figure's y axis, MLflow's `quality`).
+HEADLINE_QUALITY = {
+    "gsm8k": "paper_exact",
+    "cnndm": "rougeL",
+    "infill-1": "rougeL",
+    "infill-3": "rougeL",
+    "unconditional": "mauve",
+    "arithmetic-solve": "strict_match",
+    "arithmetic-infill": "step_exact",
+}
+LIKELIHOOD_HEADLINE = "nll"
 
 # Which published checkpoint a task uses (models.yaml is keyed "<domain>:<model>"): the paper
 # infills and samples with the OWT models, and scores each held-out set with its own models.

@@ -1,0 +1,1 @@
+"""The results layout and its one reader: what every stage agrees a result folder is."""
