@@ -25,8 +25,8 @@ class AR(Family):
         token (padding) is.
         """
         del generator, randomness  # AR has no noise
-        ids, attention, context = self.batch_tensors(batch)
-        inputs, labels = ids[:, :-1], ids[:, 1:]  # (B, L-1)
+        ids, attention, context = self.batch_tensors(batch)  # (B, L) each
+        inputs, labels = ids[:, :-1], ids[:, 1:]  # (B, L-1): position i predicts token i + 1
         length = inputs.shape[1]
         positions = torch.arange(length, device=ids.device).expand(ids.shape[0], -1)
         # Right padding only follows the real tokens, so a causal mask alone is exact for them.
@@ -34,7 +34,8 @@ class AR(Family):
         logits = self.backbone(inputs, positions, mask)  # (B, L-1, V)
         log_probs = torch.log_softmax(logits.float(), dim=-1)
         target_log_probs = log_probs.gather(-1, labels[..., None]).squeeze(-1)  # (B, L-1)
-        target = attention & ~context
+        target = attention & ~context  # (B, L)
+        # the label's own flag (ours), or its input's (the official off-by-one, SPEC 8.3)
         token_mask = (target[:, :-1] if self.config.official_compat else target[:, 1:]).float()
         nlls = -target_log_probs * token_mask
         loss = per_sequence_mean(nlls, token_mask.sum(dim=-1))

@@ -41,16 +41,19 @@ class BD3LM(MDLM):
         official ``_ensure_no_unmasked_blocks``), unless ``x_t`` is given in ``randomness``.
         """
         randomness = dict(randomness or {})
-        ids, attention, context = self.batch_tensors(batch)
-        t, x_t = self._noise(ids, attention, context, generator, randomness)
+        ids, attention, context = self.batch_tensors(batch)  # (B, L) each
+        t, x_t = self._noise(ids, attention, context, generator, randomness)  # (B, L) each
         if self.training and "x_t" not in randomness:
+            # a block with nothing masked would teach nothing this step (official behaviour)
             x_t = self._remask_clean_blocks(ids, x_t, context | ~attention, generator)
         length = ids.shape[1]
+        # One forward for every block: the clean stream x0 supplies each block's context (the
+        # blocks before it), the noisy stream x_t is denoised (the vectorized 2L training).
         inputs = torch.cat([ids, x_t], dim=1)  # (B, 2L)
         positions = torch.arange(length, device=ids.device).repeat(2).expand(len(ids), -1)
         mask = masks.with_padding(
             masks.two_stream_mask(length, self.config.block_size, device=ids.device), attention
-        )
+        )  # (B, 2L, 2L)
         logits = self.backbone(inputs, positions, mask, timesteps=self._conditioning(t))
         return self._subs_loss(ids, x_t, t, attention, context, logits)
 
@@ -70,17 +73,19 @@ class BD3LM(MDLM):
         padded = torch.cat([x_t, x_t.new_full((batch, pad), self.config.pad_token_id)], dim=1)
         frozen = torch.cat([frozen, frozen.new_zeros(batch, pad)], dim=1)
         blocks = padded.shape[1] // size
+        # (B, blocks): a block with no masked and no frozen (prompt, padding) token
         untouched = ((padded == mask_id) | frozen).view(batch, blocks, size).sum(-1) == 0
         if not untouched.any():
             return x_t
         source = generator.device if generator is not None else x_t.device
+        # re-mask count + 1 positions of each block (count in [0, S)), chosen by a random order
         count = torch.randint(0, size, untouched.shape, generator=generator, device=source)
         order = torch.argsort(
             uniform((batch, blocks * size), generator, x_t.device).view(batch, blocks, size),
             dim=-1,
             stable=True,
-        )
-        chosen = (order <= count.to(x_t.device)[..., None]).view(batch, -1)
+        )  # (B, blocks, S)
+        chosen = (order <= count.to(x_t.device)[..., None]).view(batch, -1)  # (B, blocks * S)
         chosen &= untouched.repeat_interleave(size, dim=1)
         padded = torch.where(chosen, mask_id, padded)
         if self.config.keep_clean_bos:

@@ -33,11 +33,11 @@ class MDLM(Family):
         randomness may give ``t`` ((B,) or (B, L)) and ``x_t`` (the noised input); whatever is
         not given is drawn from ``generator``.
         """
-        ids, attention, context = self.batch_tensors(batch)
-        t, x_t = self._noise(ids, attention, context, generator, randomness or {})
-        mask = self._attention(attention, context)
+        ids, attention, context = self.batch_tensors(batch)  # (B, L) each
+        t, x_t = self._noise(ids, attention, context, generator, randomness or {})  # (B, L) each
+        mask = self._attention(attention, context)  # (B, L, L)
         positions = torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
-        logits = self.backbone(x_t, positions, mask, timesteps=self._conditioning(t))
+        logits = self.backbone(x_t, positions, mask, timesteps=self._conditioning(t))  # (B, L, V)
         return self._subs_loss(ids, x_t, t, attention, context, logits)
 
     # The pieces below are shared with BD3LM, which only changes the noise blocks and the mask.
@@ -60,8 +60,8 @@ class MDLM(Family):
     def _mask_tokens(self, ids, attention, context, t, generator):
         """Mask each target token independently with probability t (SPEC 1.4)."""
         draw = uniform(ids.shape, generator, ids.device)
-        masked = (draw < t) & attention & ~context
-        if self.config.keep_clean_bos:
+        masked = (draw < t) & attention & ~context  # (B, L): padding and prompt stay clean
+        if self.config.keep_clean_bos:  # the LM1B/OWT recipe: chunks start with a clean BOS
             masked[:, 0] = False
         return torch.where(masked, self.config.mask_token_id, ids)
 
@@ -85,15 +85,17 @@ class MDLM(Family):
 
     def _subs_loss(self, ids, x_t, t, attention, context, logits) -> LossOutput:
         length = ids.shape[1]
+        # the last L positions: BD3LM's backbone returns [clean | noisy], 2L of them
         log_probs = subs_log_probs(logits[:, -length:], x_t, self.config.mask_token_id)
         target_log_probs = log_probs.gather(-1, ids[..., None]).squeeze(-1)  # (B, L)
-        targets = attention & ~context
-        if self.training and self.config.train_on_context:
+        targets = attention & ~context  # (B, L)
+        if self.training and self.config.train_on_context:  # the prompt is learned too
             targets = attention
-        masked = x_t == self.config.mask_token_id
+        masked = x_t == self.config.mask_token_id  # (B, L)
+        # A kept clean BOS is never scored in eval (it was never masked, so it says nothing).
         start = 1 if (self.config.keep_clean_bos and not self.training) else 0
-        token_mask = targets[:, start:].float()
-        ce = -target_log_probs[:, start:] * token_mask
+        token_mask = targets[:, start:].float()  # (B, L - start)
+        ce = -target_log_probs[:, start:] * token_mask  # (B, L - start)
         # The NELBO terms: -alpha'/(1 - alpha) = 1/t times the cross-entropy of each target.
         nlls = ce * self.config.schedule.loss_weight(t[:, start:])
         if self.training:  # training minimizes the unweighted CE per masked token

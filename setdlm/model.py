@@ -40,25 +40,27 @@ class SetDLM(Family):
         stream, so the value of t plays no role (there is no time weighting).
         """
         randomness = randomness or {}
-        ids, attention, context = self.batch_tensors(batch)
-        targets = attention & ~context
-        order = self._order(targets, generator, randomness)  # (B, L)
+        ids, attention, context = self.batch_tensors(batch)  # (B, L) each
+        targets = attention & ~context  # (B, L)
+        order = self._order(targets, generator, randomness)  # (B, L): positions, in order
         mask_id = self.config.mask_token_id
-        noisy = torch.where(targets, mask_id, ids)
-        clean_in_order = ids.gather(1, order)
+        # Every target is masked in the noisy stream; the set-causal mask decides what each
+        # one sees of the clean stream: the tokens before it in the order (any-order AR).
+        noisy = torch.where(targets, mask_id, ids)  # (B, L)
+        clean_in_order = ids.gather(1, order)  # (B, L)
         inputs = torch.cat([clean_in_order, noisy.gather(1, order)], dim=1)  # (B, 2L)
         positions = order.repeat(1, 2)  # true positions, so RoPE is order-independent
         length = ids.shape[1]
         mask = masks.with_padding(
             masks.set_causal_mask(length, device=ids.device), attention.gather(1, order)
-        )
+        )  # (B, 2L, 2L)
         logits = self.backbone(inputs, positions, mask)[:, length:].float()  # (B, L, V)
-        logits[..., mask_id] = SUBS_MASKED_LOGIT
+        logits[..., mask_id] = SUBS_MASKED_LOGIT  # never predict the mask token
         log_probs = torch.log_softmax(logits, dim=-1)
-        target_log_probs = log_probs.gather(-1, clean_in_order[..., None]).squeeze(-1)
-        token_mask = self._token_mask(targets, order, clean_in_order)
-        start = ids.shape[1] - token_mask.shape[1]
-        nlls = -target_log_probs[:, start:] * token_mask
+        target_log_probs = log_probs.gather(-1, clean_in_order[..., None]).squeeze(-1)  # (B, L)
+        token_mask = self._token_mask(targets, order, clean_in_order)  # (B, L - start)
+        start = ids.shape[1] - token_mask.shape[1]  # 1 where a kept BOS is not scored
+        nlls = -target_log_probs[:, start:] * token_mask  # (B, L - start)
         loss = per_sequence_mean(nlls, token_mask.sum(dim=-1))
         extras = {"order": order, "target_log_probs": target_log_probs}
         return LossOutput(loss, nlls, token_mask, extras)
@@ -72,9 +74,10 @@ class SetDLM(Family):
         if not permute.any():
             # Nothing to order; the official code makes no random draw in this case either.
             return torch.arange(targets.shape[1], device=targets.device).expand_as(targets)
-        times = randomness.get("first_hitting_times")
+        times = randomness.get("first_hitting_times")  # (B, L)
         if times is None:
             times = self.schedule.first_hitting_times(len(targets), generator=generator)
+        # decoded first = hit first: the staggered schedule's order, targets only permuted
         return self.schedule.order(torch.as_tensor(times).to(targets.device), permute)
 
     def _token_mask(self, targets, order, clean_in_order) -> torch.Tensor:

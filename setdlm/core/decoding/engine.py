@@ -268,15 +268,16 @@ def _new_row(b, prompt, config, mask_id, seeds, device) -> RowState:
 
 
 def _step(family, policy, rows, plans, cache, forward, config, stop_rule) -> None:
+    """One forward for the rows with a plan (B rows; a row without one idles as padding)."""
     mask_id = family.config.mask_token_id
     device = family.device
-    width = max(len(p.slots) for p in plans if p is not None)
+    width = max(len(p.slots) for p in plans if p is not None)  # Q: the widest row's inputs
     if cache is not None:
         for b, inputs in enumerate(plans):
             if inputs is not None and inputs.keep_cached is not None:
                 cache.truncate_row(b, inputs.keep_cached)
         _crop_cache(cache, policy, plans, family.config.length)
-    ids, positions, num_cached = [], [], []
+    ids, positions, num_cached = [], [], []  # rows padded to Q with masks at position 0
     for row, inputs in zip(rows, plans, strict=True):
         slots = [] if inputs is None else inputs.slots
         padding = width - len(slots)
@@ -286,14 +287,14 @@ def _step(family, policy, rows, plans, cache, forward, config, stop_rule) -> Non
         row.forwards += inputs is not None
         row.positions_evaluated += len(slots)
     input_ids, position_ids = torch.tensor(ids), torch.tensor(positions)  # (B, Q) each
-    attend = _attention(plans, width, cache, device)
+    attend = _attention(plans, width, cache, device)  # (B, Q, C + Q), or None: all visible
     # (B, D): the inputs whose logits predict a target; the LM head runs on these rows only
     outputs_at = _target_inputs(plans).to(device)
     # (B, D, V) logits of the targets, rows padded to the most targets (padding reads input 0)
     logits = forward(input_ids.to(device), position_ids.to(device), attend, cache, outputs_at)
-    if cache is not None:
+    if cache is not None:  # each row's first num_cached inputs stay; the rest is dropped
         cache.commit_prefix(num_cached, position_ids)
-    committed = _decode_targets(family, rows, plans, logits, config)
+    committed = _decode_targets(family, rows, plans, logits, config)  # per row: slots committed
     for b, (row, inputs) in enumerate(zip(rows, plans, strict=True)):
         if inputs is not None:
             policy.observe(row, committed[b])
@@ -367,9 +368,10 @@ def _decode_targets(family, rows, plans, target_logits, config: DecodeConfig) ->
         return committed
     mask_id = family.config.mask_token_id
     target_logits = _apply_processors(target_logits, rows, plans, config, mask_id)
-    probs = nucleus_filter(probabilities(target_logits, mask_id), config.top_p)
+    probs = nucleus_filter(probabilities(target_logits, mask_id), config.top_p)  # (B, D, V)
     generators = [row.generator for row in rows] if config.do_sample else None
-    tokens, confidence = choose_tokens(probs, config.do_sample, generators, counts)
+    tokens, confidence = choose_tokens(probs, config.do_sample, generators, counts)  # (B, D)
+    # the one transfer to the host per step: the commit rule and the stops read these
     token_rows, confidence_rows = tokens.tolist(), confidence.tolist()
     for b, (row, inputs) in enumerate(zip(rows, plans, strict=True)):
         n = counts[b]
