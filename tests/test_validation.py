@@ -86,3 +86,78 @@ def test_the_rules_between_settings_say_the_same_for_both():
     ]
     assert validation.budget_errors(63, 64, "--max-new-tokens") == []
     assert "at most 63" in validation.budget_errors(64, 64, "--max-new-tokens")[0]
+
+
+# ------------------------------------------------- one definition per task setting
+def _eval_parser():
+    from setdlm.eval.commands import add_parsers
+    from setdlm.util.errors import ArgumentParser
+
+    parser = ArgumentParser(prog="setdlm")
+    add_parsers(parser.add_subparsers(dest="command"))
+    return parser
+
+
+@pytest.mark.parametrize(
+    "command", ["gsm8k", "cnndm", "infill", "unconditional", "likelihood", "arithmetic"]
+)
+def test_every_task_setting_is_an_option_with_the_schemas_rule_and_default(command, capsys):
+    """Each setting of a task's schema node is an option of `setdlm eval` with its default; a
+    value the workflow's schema refuses, the command line refuses too."""
+    from setdlm.eval.commands import SCHEMA_TASK
+
+    parser = _eval_parser()
+    required = ["eval", command, "--model", "m", "--out", "o"]
+    args = parser.parse_args(required)
+    settings = validation.task_settings(SCHEMA_TASK[command])
+    assert settings
+    for setting in settings:
+        default = setting.rule.get("default")
+        if setting.kind == "composite":
+            default = tuple(validation.node(setting._part(p))["default"] for p in setting.parts)
+        assert getattr(args, setting.key) == default, setting.key
+        minimum = setting.rule.get("minimum")
+        if setting.kind == "number" and minimum is not None:
+            too_small = minimum - 1
+            assert not validation.valid(too_small, setting.rule)
+            with pytest.raises(SystemExit):
+                parser.parse_args([*required, setting.flag, str(too_small)])
+            assert f"is not {validation.expectation(setting.rule)}" in capsys.readouterr().err
+
+
+def test_the_task_dataclasses_default_to_the_schema():
+    """The Python API's defaults are the workflow's and the command line's."""
+    from setdlm.eval.arithmetic_task import ArithmeticSettings
+    from setdlm.eval.cnndm import CnnDmSettings
+    from setdlm.eval.gen_ppl import DEFAULT_EVALUATOR
+    from setdlm.eval.infill import InfillSettings
+    from setdlm.eval.mauve_score import DEFAULT_FEATURIZER
+    from setdlm.eval.sample_rules import Rejection
+    from setdlm.eval.unconditional import GenerationSettings, ScoringSettings
+
+    def default(task, key):
+        return validation.node(f"$defs/{task}/properties/{key}").get("default")
+
+    solve = ArithmeticSettings()
+    assert (solve.limit, solve.problem_seed, solve.max_new_tokens) == (
+        default("arithmetic-solve", "limit"),
+        default("arithmetic-solve", "problem_seed"),
+        default("arithmetic-solve", "max_new_tokens"),
+    )
+    assert CnnDmSettings().stop == default("cnndm", "stop")
+    assert InfillSettings().repetition == default("infill", "repetition")
+    assert GenerationSettings().num_samples == default("unconditional", "samples")
+    rejection = Rejection()
+    assert (rejection.entropy_below, rejection.length_at_most, rejection.max_attempts) == tuple(
+        default("unconditional/properties/reject", key) for key in ("entropy", "length", "attempts")
+    )
+    scoring = ScoringSettings()
+    for field, key in (
+        ("references", "references"),
+        ("num_references", "num_references"),
+        ("text_protocol", "text_protocol"),
+        ("bootstrap_subsets", "bootstrap_subsets"),
+    ):
+        assert getattr(scoring, field) == default("unconditional", key), field
+    assert default("unconditional", "featurizer") == DEFAULT_FEATURIZER
+    assert default("unconditional", "evaluator") == DEFAULT_EVALUATOR

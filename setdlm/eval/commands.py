@@ -15,29 +15,36 @@ import json
 from pathlib import Path
 
 from setdlm.core.decoding import DecodeConfig
-from setdlm.eval.runner import BATCHING_CHOICES, resolve_batching
+from setdlm.eval.runner import resolve_batching
 from setdlm.families import policy_names, with_knobs
-from setdlm.results.layout import point_name
+from setdlm.results.layout import LIKELIHOOD_TASKS, point_name
 from setdlm.util.validation import (
-    BATCH_SIZE,
     BLOCK_SIZE,
-    LIMIT,
-    NEW_TOKENS,
-    SEED,
     THRESHOLD,
-    WARMUP,
     WINDOW,
     SettingError,
     block_errors,
     budget_errors,
     knob_errors,
-    option,
     raise_for,
+    task_settings,
     tokenizer_errors,
     warmup_errors,
 )
 
 TASKS = ("gsm8k", "cnndm", "infill", "unconditional", "likelihood", "arithmetic")
+
+
+# The workflow schema's task node of each command (workflows/config/schema.yaml): its task
+# settings are the command's options, with the same rules and defaults (util/validation.py).
+SCHEMA_TASK = {
+    "gsm8k": "gsm8k",
+    "cnndm": "cnndm",
+    "infill": "infill",
+    "unconditional": "unconditional",
+    "likelihood": "likelihood",
+    "arithmetic": "arithmetic-solve",  # infill's settings are solve's, less the budget
+}
 
 
 def add_parsers(commands) -> None:
@@ -58,163 +65,55 @@ def add_parsers(commands) -> None:
         parser.add_argument("--model", required=True, help="folder, key or Hub id")
         parser.add_argument("--out", type=Path, required=True)
         parser.add_argument("--tokenizer", default=None, help="default: the model's own")
-        parser.add_argument("--seed", type=SEED, default=1234 if name != "likelihood" else 0)
-        parser.add_argument(
-            "--batch-size", type=BATCH_SIZE, default=1 if name != "likelihood" else 8
-        )
-        parser.add_argument("--limit", type=LIMIT, default=None, help="first N examples")
         parser.add_argument(
             "--device", default="auto", help="cpu, cuda, cuda:N, or auto (a GPU when there is one)"
         )
+        for setting in task_settings(SCHEMA_TASK[name]):
+            setting.add_to(parser)
         if name != "likelihood":
-            parser.add_argument(
-                "--threshold",
-                type=THRESHOLD,
-                nargs="+",
-                default=[1e6],
-                help="confidence τ; several values make a sweep",
-            )
-            parser.add_argument(
-                "--policy",
-                choices=policy_names(),
-                default=None,
-                help="decoding policy (setdlm/families.py); default: the family's own",
-            )
-            parser.add_argument("--window", type=WINDOW, default=None, help="SetDLM W")
-            parser.add_argument(
-                "--block-size", type=BLOCK_SIZE, default=None, help="decoding block"
-            )
-            parser.add_argument("--warmup", type=WARMUP, default=1, help="untimed first examples")
-            parser.add_argument(
-                "--stop-cadence",
-                choices=("exact", "official"),
-                default=None,
-                help="when stops are looked for: exact (after every forward, the output ends at "
-                "the stop) or official (when the official sampler checks, keeping what it keeps); "
-                "default: official for a published checkpoint, else exact",
-            )
-        if name in ("gsm8k", "cnndm", "infill", "arithmetic"):
-            parser.add_argument(
-                "--batching",
-                choices=BATCHING_CHOICES,
-                default="auto",
-                help="with --batch-size above 1: static batches, each decoded until its slowest "
-                "row is done, or a continuous-batching pool of that many slots whose finished "
-                "rows take the next example at once (same samples); auto: continuous on a GPU",
-            )
-        if name in ("gsm8k", "cnndm", "infill"):
-            parser.add_argument(
-                "--paper-throughput",
-                type=option("$defs/gsm8k/properties/paper_throughput"),
-                default=0,
-                metavar="N",
-                help="also time N examples with the paper's separate protocol "
-                "(batch 1, --paper-warmup untimed first), to throughput.json",
-            )
-            parser.add_argument(
-                "--paper-warmup", type=option("$defs/gsm8k/properties/paper_warmup"), default=50
-            )
-    gsm8k = parsers["gsm8k"]
-    gsm8k.add_argument("--protocol", choices=("pareto", "accuracy"), default="pareto")
-    gsm8k.add_argument("--max-new-tokens", type=NEW_TOKENS, default=None)
-    cnndm = parsers["cnndm"]
-    cnndm.add_argument("--stop", choices=("first_eos", "official_pattern"), default="first_eos")
-    infill = parsers["infill"]
-    infill.add_argument("--variant", choices=("infill-1", "infill-3"), default="infill-1")
-    infill.add_argument("--repetition", choices=("paper", "script_default"), default="paper")
-    infill.add_argument(
+            _add_decoding_options(parser)
+    parsers["infill"].add_argument(
+        "--variant", choices=("infill-1", "infill-3"), default="infill-1"
+    )
+    parsers["infill"].add_argument(
         "--infill-cache",
         choices=("full", "prefix"),
         default="full",
         help="SetDLM: cache both contexts first (the paper's setting) or the left one only, "
         "gaps between spans promoted as decoding passes them (the official default)",
     )
-    infill.add_argument(
-        "--skip-too-long",
-        action="store_true",
-        help="skip stories longer than the model (counted) instead of failing",
+    parsers["arithmetic"].add_argument("--variant", choices=("solve", "infill"), default="solve")
+    parsers["likelihood"].add_argument(
+        "--data", choices=tuple(LIKELIHOOD_TASKS.values()), default="wikitext2"
     )
-    arithmetic = parsers["arithmetic"]
-    arithmetic.add_argument("--variant", choices=("solve", "infill"), default="solve")
-    arithmetic.add_argument(
-        "--problem-seed",
-        type=option("$defs/arithmetic-solve/properties/problem_seed"),
-        default=0,
-        help="which test problems are drawn",
+
+
+def _add_decoding_options(parser) -> None:
+    """τ, the decoding policy and its knobs: what a decoding point is (the workflow's
+    thresholds, policies and per-model overrides)."""
+    parser.add_argument(
+        "--threshold",
+        type=THRESHOLD,
+        nargs="+",
+        default=[1e6],
+        help="confidence τ; several values make a sweep",
     )
-    arithmetic.add_argument(
-        "--max-new-tokens",
-        type=NEW_TOKENS,
+    parser.add_argument(
+        "--policy",
+        choices=policy_names(),
         default=None,
-        help="solve: the budget (default: the task's, the longest solution with its EOS)",
+        help="decoding policy (setdlm/families.py); default: the family's own",
     )
-    unconditional = parsers["unconditional"]
-    unconditional.add_argument(
-        "--samples", type=option("$defs/unconditional/properties/samples"), default=1000
-    )
-    unconditional.add_argument(
-        "--max-new-tokens",
-        type=NEW_TOKENS,
+    parser.add_argument("--window", type=WINDOW, default=None, help="SetDLM W")
+    parser.add_argument("--block-size", type=BLOCK_SIZE, default=None, help="decoding block")
+    parser.add_argument(
+        "--stop-cadence",
+        choices=("exact", "official"),
         default=None,
-        help="default: fill the model length after BOS",
+        help="when stops are looked for: exact (after every forward, the output ends at "
+        "the stop) or official (when the official sampler checks, keeping what it keeps); "
+        "default: official for a published checkpoint, else exact",
     )
-    unconditional.add_argument(
-        "--table4", action="store_true", help="the per-family settings of the paper's Table 4"
-    )
-    unconditional.add_argument(
-        "--top-p", type=option("$defs/unconditional/properties/top_p"), default=None
-    )
-    unconditional.add_argument(
-        "--repetition-penalty",
-        type=option("$defs/unconditional/properties/repetition_penalty"),
-        default=None,
-    )
-    unconditional.add_argument("--no-confidence-stop", action="store_true")
-    unconditional.add_argument("--no-entropy-stop", action="store_true")
-    unconditional.add_argument(
-        "--reject",
-        type=_rejection,
-        default="4.0,50,10",
-        help="ENTROPY,LENGTH,MAX_ATTEMPTS of the rejection policy",
-    )
-    unconditional.add_argument("--references", choices=("owt", "wikitext2"), default="owt")
-    unconditional.add_argument(
-        "--num-references",
-        type=option("$defs/unconditional/properties/num_references"),
-        default=1000,
-    )
-    unconditional.add_argument("--featurizer", default="gpt2-large")
-    unconditional.add_argument(
-        "--evaluator", default="gpt2-large", help="gen-PPL evaluator (Hub id, folder or 'none')"
-    )
-    unconditional.add_argument("--text-protocol", choices=("clean", "paper"), default="clean")
-    unconditional.add_argument(
-        "--bootstrap-subsets",
-        type=option("$defs/unconditional/properties/bootstrap_subsets"),
-        default=5,
-    )
-    likelihood = parsers["likelihood"]
-    likelihood.add_argument("--data", choices=("wikitext2", "owt", "lm1b"), default="wikitext2")
-    likelihood.add_argument(
-        "--samples",
-        type=option("$defs/likelihood/properties/samples"),
-        default=1,
-        help="Monte-Carlo draws",
-    )
-
-
-REJECT_KEYS = ("entropy", "length", "attempts")
-
-
-def _rejection(text: str) -> tuple[float, int, int]:
-    """ENTROPY,LENGTH,MAX_ATTEMPTS, each by the schema's rule for unconditional.reject."""
-    parts = text.split(",")
-    if len(parts) != 3:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not ENTROPY,LENGTH,MAX_ATTEMPTS (three comma-separated numbers)"
-        )
-    rules = [f"$defs/unconditional/properties/reject/properties/{k}" for k in REJECT_KEYS]
-    return tuple(option(rule)(part) for rule, part in zip(rules, parts, strict=True))
 
 
 def decoding_option_errors(model, source: str, knobs: dict, policy: str | None = None):
@@ -238,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
     from setdlm.eval.runner import RunSettings
 
     if args.task != "likelihood":  # before the model loads: the options alone are wrong
-        raise_for(warmup_errors(args.warmup, args.limit, "--warmup", "--limit"))
+        limit = getattr(args, "limit", None)  # unconditional has no limit
+        raise_for(warmup_errors(args.warmup, limit, "--warmup", "--limit"))
     loaded = load_pretrained(args.model)
     model = loaded.model
     if args.task != "likelihood":
@@ -368,9 +268,9 @@ def _run_point(args, loaded, tokenizer, threshold: float, out: Path, settings) -
         task = ArithmeticTask(
             ArithmeticSettings(
                 variant=args.variant,
-                limit=args.limit or ArithmeticSettings.limit,
+                limit=args.limit,
                 problem_seed=args.problem_seed,
-                max_new_tokens=args.max_new_tokens or ArithmeticSettings.max_new_tokens,
+                max_new_tokens=args.max_new_tokens,
             )
         )
         decode = arithmetic_decode_config(model, base)
@@ -409,15 +309,15 @@ def _run_unconditional(args, loaded, tokenizer, base: DecodeConfig, out: Path, s
     changes = {
         "num_samples": args.samples,
         "max_new_tokens": args.max_new_tokens or loaded.model.config.length - 1,
-        "rejection": Rejection(*args.reject),  # parsed by _rejection, the default included
+        "rejection": Rejection(*args.reject),  # ENTROPY,LENGTH,ATTEMPTS, by the schema's rules
     }
     if args.top_p is not None:
         changes["top_p"] = args.top_p
     if args.repetition_penalty is not None:
         changes["repetition_penalty"] = args.repetition_penalty
-    if args.no_confidence_stop:
+    if not args.confidence_stop:
         changes["low_confidence_stop"] = None
-    if args.no_entropy_stop:
+    if not args.entropy_stop:
         changes["entropy_stop"] = None
     generation = (
         GenerationSettings.table4(family, **changes)

@@ -2,7 +2,9 @@
 
 The value rules live in the workflow schema (workflows/config/schema.yaml): a command-line
 option names the schema node it obeys (``option("$defs/threshold")``), so ``--threshold 0``
-and ``thresholds: [0]`` are refused by the same rule with the same words. The rules between
+and ``thresholds: [0]`` are refused by the same rule with the same words. A task's settings
+are defined there once: ``task_settings`` turns each into ``setdlm eval``'s option (rule,
+default, help) and into the arguments the workflow writes for a configured value. The rules between
 settings, or between a setting and the model (a warm-up that leaves nothing to time, a budget
 past the model length, a knob the family does not have), are the functions below; the
 workflow's semantic checks and the command lines both call them.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +112,126 @@ def option(pointer: str):
 
     parse.__name__ = pointer.rsplit("/", 1)[-1]  # argparse names the type in some messages
     return parse
+
+
+# ----------------------------------------------------------------- task settings as options
+# Task keys that say which jobs exist (the workflow's), not what one evaluation computes.
+NOT_OPTIONS = ("models", "overrides", "policies", "thresholds")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A task setting, defined once by its schema node: the configuration key
+    ``tasks.<task>.<key>`` and the command-line option ``--<key>`` of ``setdlm eval`` obey the
+    same rule and share the default, and the workflow writes a configured value as the option.
+
+    Its form on the command line follows the node: a choice (``enum``), a flag (a boolean
+    that defaults to false: ``--key``; to true: ``--no-key``), an object as its properties'
+    values joined by commas (``--reject 4.0,50,10``), text, or a number checked as the schema
+    checks it.
+    """
+
+    key: str
+    pointer: str  # the schema node ("$defs/gsm8k/properties/limit")
+
+    @property
+    def rule(self) -> dict:
+        return node(self.pointer)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+    @property
+    def kind(self) -> str:
+        rule = self.rule
+        types = rule.get("type", [])
+        types = {types} if isinstance(types, str) else set(types)
+        if "enum" in rule:
+            return "choice"
+        if types == {"boolean"}:
+            return "negated" if rule.get("default") else "flag"
+        if types == {"object"}:
+            return "composite"
+        if types & {"integer", "number"}:
+            return "number"
+        return "text"
+
+    @property
+    def parts(self) -> list[str]:
+        """A composite setting's properties, in the order the option lists them."""
+        return list(self.rule.get("properties", {}))
+
+    def add_to(self, parser) -> None:
+        rule, kind = self.rule, self.kind
+        words = rule.get("description")
+        help_text = " ".join(str(words).split()) if words else None
+        if kind == "flag":
+            parser.add_argument(self.flag, dest=self.key, action="store_true", help=help_text)
+        elif kind == "negated":
+            flag = "--no-" + self.key.replace("_", "-")
+            parser.add_argument(flag, dest=self.key, action="store_false", help=help_text)
+        elif kind == "choice":
+            choices = rule["enum"]
+            parser.add_argument(
+                self.flag, choices=choices, default=rule.get("default"), help=help_text
+            )
+        elif kind == "composite":
+            default = ",".join(str(node(self._part(p)).get("default")) for p in self.parts)
+            parser.add_argument(
+                self.flag,
+                type=self.parse_composite,
+                default=self.parse_composite(default),
+                metavar=",".join(p.upper() for p in self.parts),
+                help=help_text,
+            )
+        else:
+            parse = option(self.pointer) if kind == "number" else str
+            parser.add_argument(self.flag, type=parse, default=rule.get("default"), help=help_text)
+
+    def parse_composite(self, text: str) -> tuple:
+        """``a,b,c`` as the composite's properties, each by its own rule."""
+        values = str(text).split(",")
+        if len(values) != len(self.parts):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not {','.join(p.upper() for p in self.parts)} "
+                f"({len(self.parts)} comma-separated values)"
+            )
+        return tuple(
+            option(self._part(part))(value) for part, value in zip(self.parts, values, strict=True)
+        )
+
+    def args(self, value) -> list[str]:
+        """The command-line form of a configured value (nothing for None or an unset flag)."""
+        kind = self.kind
+        if kind == "flag":
+            return [self.flag] if value else []
+        if kind == "negated":
+            return [] if value else ["--no-" + self.key.replace("_", "-")]
+        if value is None:
+            return []
+        if kind == "composite":
+            return [self.flag, ",".join(str(value[part]) for part in self.parts)]
+        return [self.flag, str(value)]
+
+    def _part(self, part: str) -> str:
+        return f"{self.pointer}/properties/{part}"
+
+
+def schema_task(task: str) -> str:
+    """The schema node of a workflow task ("infill-3" -> "infill")."""
+    return schema()["properties"]["tasks"]["properties"][task]["$ref"].rsplit("/", 1)[-1]
+
+
+def task_settings(task: str, skip: tuple[str, ...] = ()) -> list[Setting]:
+    """The settings of schema task node ``task`` ("gsm8k", "arithmetic-solve", ...) that one
+    evaluation computes with, in the schema's order."""
+    pointer = f"$defs/{task}"
+    return [
+        Setting(key, f"{pointer}/properties/{key}")
+        for key in node(pointer)["properties"]
+        if key not in NOT_OPTIONS and key not in skip
+    ]
 
 
 # The options several commands share, by the schema node (workflows/config/schema.yaml) they obey.

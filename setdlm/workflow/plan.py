@@ -19,7 +19,6 @@ from pathlib import Path
 
 from setdlm.families import family as family_info
 from setdlm.results.layout import (
-    ARITHMETIC_TASKS,
     LIKELIHOOD_POINT,
     LIKELIHOOD_TASKS,
     TABLES,
@@ -31,6 +30,7 @@ from setdlm.results.layout import (
     table_files,
 )
 from setdlm.util.git import head_commit
+from setdlm.util.validation import schema_task, task_settings
 from setdlm.workflow import datasets
 from setdlm.workflow.config import (
     data_dir,
@@ -256,77 +256,31 @@ def _plan_model_points(plan: Plan, published: dict, task: str, settings: dict, n
 def eval_args(
     task, settings, override, plan, name, model_arg, folder, tau, policy=None
 ) -> tuple[str, ...]:
-    """The ``setdlm eval`` arguments of one point: every setting spelled out."""
+    """The ``setdlm eval`` arguments of one point: every setting spelled out. The task's schema
+    node says which settings there are and how each is written (``task_settings``), the same
+    definitions ``setdlm eval``'s options are built from."""
     command = "likelihood" if task in LIKELIHOOD_TASKS else task.split("-")[0]
-    args = [command, "--model", model_arg, "--out", folder, "--seed", settings["seed"]]
-    args += ["--batch-size", override.get("batch_size", settings["batch_size"])]
-    if settings.get("limit") is not None:
-        args += ["--limit", settings["limit"]]
+    args = [command, "--model", model_arg, "--out", folder]
+    values = {**settings, **{key: override[key] for key in ("batch_size",) if key in override}}
+    evaluator = settings.get("evaluator")
+    if isinstance(evaluator, dict):  # an AR model trained by this workflow
+        values["evaluator"] = f"{plan.run}/models/{evaluator['model']}"
+    for setting in task_settings(schema_task(task)):
+        args += setting.args(values.get(setting.key))
     if task in LIKELIHOOD_TASKS:
-        args += ["--data", LIKELIHOOD_TASKS[task], "--samples", settings["samples"]]
+        args += ["--data", LIKELIHOOD_TASKS[task]]
         return tuple(str(arg) for arg in args)
-    args += ["--threshold", repr(float(tau)), "--warmup", settings["warmup"]]
+    if task.startswith(("infill", "arithmetic")):
+        args += ["--variant", task if task.startswith("infill") else task.split("-")[1]]
+    args += ["--threshold", repr(float(tau))]
     if policy is not None:
         args += ["--policy", policy]
-    if settings.get("batching", "auto") != "auto":  # auto is setdlm eval's default
-        args += ["--batching", settings["batching"]]
     entry = plan.config["models"][name]
     for knob in family_info(entry["family"]).entry_knobs:  # the model's W, or the override
         args += [f"--{knob.replace('_', '-')}", override.get(knob, entry[knob])]
     if "block_size" in override:
         args += ["--block-size", override["block_size"]]
-    if settings.get("paper_throughput"):
-        args += ["--paper-throughput", settings["paper_throughput"]]
-        args += ["--paper-warmup", settings["paper_warmup"]]
-    args += _task_args(task, settings, plan)
     return tuple(str(arg) for arg in args)
-
-
-def _task_args(task: str, settings: dict, plan: Plan) -> list:
-    if task == "gsm8k":
-        args = ["--protocol", settings["protocol"]]
-        if settings["max_new_tokens"] is not None:
-            args += ["--max-new-tokens", settings["max_new_tokens"]]
-        return args
-    if task == "cnndm":
-        return ["--stop", settings["stop"]]
-    if task in ARITHMETIC_TASKS:
-        variant = task.removeprefix("arithmetic-")
-        args = ["--variant", variant, "--problem-seed", settings["problem_seed"]]
-        if variant == "solve":
-            args += ["--max-new-tokens", settings["max_new_tokens"]]
-        return args
-    if task.startswith("infill"):
-        args = ["--variant", task, "--repetition", settings["repetition"]]
-        return args + (["--skip-too-long"] if settings["skip_too_long"] else [])
-    reject = settings["reject"]
-    evaluator = settings["evaluator"]
-    if isinstance(evaluator, dict):
-        evaluator = f"{plan.run}/models/{evaluator['model']}"
-    options = {
-        "--samples": settings["samples"],
-        "--reject": f"{reject['entropy']},{reject['length']},{reject['attempts']}",
-        "--references": settings["references"],
-        "--num-references": settings["num_references"],
-        "--featurizer": settings["featurizer"],
-        "--evaluator": evaluator,
-        "--text-protocol": settings["text_protocol"],
-        "--bootstrap-subsets": settings["bootstrap_subsets"],
-    }
-    args = [item for option in options.items() for item in option]
-    if settings["max_new_tokens"] is not None:
-        args += ["--max-new-tokens", settings["max_new_tokens"]]
-    if settings["table4"]:
-        args.append("--table4")
-    if settings["top_p"] is not None:
-        args += ["--top-p", settings["top_p"]]
-    if settings["repetition_penalty"] is not None:
-        args += ["--repetition-penalty", settings["repetition_penalty"]]
-    if not settings["confidence_stop"]:
-        args.append("--no-confidence-stop")
-    if not settings["entropy_stop"]:
-        args.append("--no-entropy-stop")
-    return args
 
 
 def where_results_are(plan: Plan, environ) -> str:
