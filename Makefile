@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 
-.PHONY: install run reference test lint bench clean
+.PHONY: install run reference test test-fast lint bench clean
 
 install: $(STAMP)
 
@@ -48,6 +48,12 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose" >&2; exit 1; fi; \
 	exit $$rc
+
+# The fast tier: every test that needs neither the trained tiny models nor a subprocess run of
+# the workflow (about a minute on 2 cores); `make test` runs everything.
+test-fast: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -83,6 +83,15 @@ def _deterministic_threads():
 TINY_TEST_SETTINGS = dict(steps=120, hidden_size=64, new_tokens=12, num_prompts=2)
 
 
+def pytest_collection_modifyitems(config, items):
+    """A test that needs the trained tiny models (half a minute of training, once per session)
+    belongs to the full suite only: the fast tier (``-m "not slow"``) runs the same mechanics on
+    random-weight model folders (``random_tiny``)."""
+    for item in items:
+        if "trained_tiny" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def trained_tiny(tmp_path_factory) -> Path:
     """The four tiny families trained on WikiText-2 by the main job's code (one run per test
@@ -97,4 +106,25 @@ def trained_tiny(tmp_path_factory) -> Path:
         run_tiny(out, TinySettings(**TINY_TEST_SETTINGS), log=lambda *args: None)
     finally:
         torch.set_num_threads(previous)
+    return out
+
+
+@pytest.fixture(scope="session")
+def random_tiny(tmp_path_factory) -> Path:
+    """The four tiny families with their initial (random) weights, laid out as
+    ``trained_tiny`` (``<dir>/<family>/model`` with the tiny BPE tokenizer), for the tests of
+    mechanics (runs, resumption, stops, scoring) that need a model folder, not a trained model:
+    their outputs are noise, which those tests do not read."""
+    from setdlm.checkpoints.folders import save_model
+    from setdlm.data.text import load_wikitext2
+    from setdlm.families import FAMILY_NAMES
+    from setdlm.recipes.tiny import TinySettings, build_tiny_model, tiny_tokenizer
+
+    out = tmp_path_factory.mktemp("random-tiny")
+    settings = TinySettings(**TINY_TEST_SETTINGS)
+    tokenizer = tiny_tokenizer(out / "tokenizer", load_wikitext2().train, settings)
+    for family in FAMILY_NAMES:
+        folder = out / family / "model"
+        save_model(build_tiny_model(family, tokenizer, settings), folder)
+        tokenizer.save_pretrained(folder)
     return out

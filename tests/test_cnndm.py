@@ -41,8 +41,8 @@ def articles():
     return load_test_articles()
 
 
-def _tiny(trained_tiny, family):
-    folder = trained_tiny / family / "model"
+def _tiny(random_tiny, family):
+    folder = random_tiny / family / "model"
     return load_model(folder), load_tokenizer(folder)
 
 
@@ -140,19 +140,19 @@ def test_the_papers_family_settings():
         assert config.policy == SlidingWindowOptions(window=d)
 
 
-def test_a_prompt_that_does_not_fit_the_model_is_refused(trained_tiny):
-    model, tokenizer = _tiny(trained_tiny, "setdlm")
+def test_a_prompt_that_does_not_fit_the_model_is_refused(random_tiny):
+    model, tokenizer = _tiny(random_tiny, "setdlm")
     with pytest.raises(ValueError, match=r"does not fit the model's length 64.*max_article"):
         CnnDmTask(CnnDmSettings(limit=2)).examples(tokenizer, model)
 
 
-def test_a_tokenizer_whose_eos_is_not_the_models_is_refused(trained_tiny, qwen3):
-    model, _ = _tiny(trained_tiny, "ar")
+def test_a_tokenizer_whose_eos_is_not_the_models_is_refused(random_tiny, qwen3):
+    model, _ = _tiny(random_tiny, "ar")
     with pytest.raises(ValueError, match="trained with EOS id 1"):
         CnnDmTask(CnnDmSettings(limit=1)).examples(qwen3, model)
     with pytest.raises(ValueError, match="not in the tokenizer's vocabulary"):
         CnnDmTask(CnnDmSettings(eos_token="<|endoftext|>")).eos_id(
-            load_tokenizer(trained_tiny / "ar" / "model")
+            load_tokenizer(random_tiny / "ar" / "model")
         )
 
 

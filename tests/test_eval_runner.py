@@ -63,8 +63,8 @@ class Continuation(Task):
         return {"mean_length": {"value": mean, "definition": "characters per output"}}
 
 
-def _load(trained_tiny, family):
-    folder = trained_tiny / family / "model"
+def _load(random_tiny, family):
+    folder = random_tiny / family / "model"
     return load_model(folder), load_tokenizer(folder)
 
 
@@ -76,8 +76,8 @@ def _outputs(folder):
 SAMPLED = DecodeConfig(do_sample=True, top_p=0.9, confidence_threshold=0.3)
 
 
-def test_a_run_writes_samples_and_metrics(trained_tiny, tmp_path):
-    model, tokenizer = _load(trained_tiny, "setdlm")
+def test_a_run_writes_samples_and_metrics(random_tiny, tmp_path):
+    model, tokenizer = _load(random_tiny, "setdlm")
     metrics = run_evaluation(Continuation(), model, tokenizer, SAMPLED, tmp_path / "run")
     lines = (tmp_path / "run" / "samples.jsonl").read_text().splitlines()
     assert len(lines) == metrics["examples"] == 5
@@ -107,8 +107,8 @@ def test_a_run_writes_samples_and_metrics(trained_tiny, tmp_path):
     assert again == metrics
 
 
-def test_a_killed_run_resumes_to_the_same_results(trained_tiny, tmp_path):
-    model, tokenizer = _load(trained_tiny, "mdlm")
+def test_a_killed_run_resumes_to_the_same_results(random_tiny, tmp_path):
+    model, tokenizer = _load(random_tiny, "mdlm")
     config = SAMPLED.replace(policy=SemiAutoregressiveOptions(block_size=8))
     straight = run_evaluation(Continuation(), model, tokenizer, config, tmp_path / "straight")
     with pytest.raises(KeyboardInterrupt):
@@ -125,8 +125,8 @@ def test_a_killed_run_resumes_to_the_same_results(trained_tiny, tmp_path):
     assert {k: resumed["speed"][k] for k in counted} == {k: straight["speed"][k] for k in counted}
 
 
-def test_warm_up_is_the_first_examples_in_a_batch_of_their_own(trained_tiny, tmp_path):
-    model, tokenizer = _load(trained_tiny, "setdlm")
+def test_warm_up_is_the_first_examples_in_a_batch_of_their_own(random_tiny, tmp_path):
+    model, tokenizer = _load(random_tiny, "setdlm")
     settings = RunSettings(batch_size=3, warmup_examples=1)
     metrics = run_evaluation(Continuation(), model, tokenizer, SAMPLED, tmp_path / "run", settings)
     records = SampleLog(tmp_path / "run" / "samples.jsonl").load()
@@ -135,8 +135,8 @@ def test_warm_up_is_the_first_examples_in_a_batch_of_their_own(trained_tiny, tmp
     assert metrics["speed"]["timed_examples"] == 4
 
 
-def test_batch_size_does_not_change_results(trained_tiny, tmp_path):
-    model, tokenizer = _load(trained_tiny, "bd3lm")
+def test_batch_size_does_not_change_results(random_tiny, tmp_path):
+    model, tokenizer = _load(random_tiny, "bd3lm")
     one = run_evaluation(Continuation(), model, tokenizer, SAMPLED, tmp_path / "one")
     three = run_evaluation(
         Continuation(), model, tokenizer, SAMPLED, tmp_path / "three", RunSettings(batch_size=3)
@@ -147,9 +147,9 @@ def test_batch_size_does_not_change_results(trained_tiny, tmp_path):
 
 @pytest.mark.parametrize("family", ["ar", "setdlm"])
 def test_continuous_batching_gives_the_samples_of_batch_1_and_says_how_it_was_timed(
-    trained_tiny, tmp_path, family
+    random_tiny, tmp_path, family
 ):
-    model, tokenizer = _load(trained_tiny, family)
+    model, tokenizer = _load(random_tiny, family)
     task = Continuation(count=7)
     one = run_evaluation(task, model, tokenizer, SAMPLED, tmp_path / "one")
     pooled_settings = RunSettings(batch_size=3, batching="continuous")
@@ -172,8 +172,8 @@ def test_continuous_batching_gives_the_samples_of_batch_1_and_says_how_it_was_ti
     )
 
 
-def test_a_continuous_run_that_is_killed_resumes_to_the_same_samples(trained_tiny, tmp_path):
-    model, tokenizer = _load(trained_tiny, "setdlm")
+def test_a_continuous_run_that_is_killed_resumes_to_the_same_samples(random_tiny, tmp_path):
+    model, tokenizer = _load(random_tiny, "setdlm")
     settings = RunSettings(batch_size=3, batching="continuous")
     straight = run_evaluation(
         Continuation(count=7), model, tokenizer, SAMPLED, tmp_path / "straight", settings
@@ -200,8 +200,8 @@ def test_batching_must_be_static_or_continuous():
         RunSettings(batching="dynamic")
 
 
-def test_a_folder_never_mixes_two_configurations(trained_tiny, tmp_path):
-    model, tokenizer = _load(trained_tiny, "ar")
+def test_a_folder_never_mixes_two_configurations(random_tiny, tmp_path):
+    model, tokenizer = _load(random_tiny, "ar")
     with pytest.raises(KeyboardInterrupt):
         run_evaluation(
             Continuation(fail_after=1), model, tokenizer, DecodeConfig(), tmp_path / "run"

@@ -105,8 +105,8 @@ def test_prompt_with_the_qwen3_chat_template(data_dir):
     assert tokenizer.decode(ids) == prompt.text
 
 
-def test_prompt_fallback_without_a_chat_template(trained_tiny):
-    tokenizer = load_tokenizer(trained_tiny / "ar" / "model")
+def test_prompt_fallback_without_a_chat_template(random_tiny):
+    tokenizer = load_tokenizer(random_tiny / "ar" / "model")
     assert not tokenizer.chat_template
     prompt = gsm8k.build_prompt(QUESTION, tokenizer)
     assert prompt.template == "plain"
@@ -117,8 +117,8 @@ def test_prompt_fallback_without_a_chat_template(trained_tiny):
 
 
 # ------------------------------------------------------------------------------- stopping
-def test_stopping_at_the_first_generated_box(trained_tiny):
-    tokenizer = load_tokenizer(trained_tiny / "ar" / "model")
+def test_stopping_at_the_first_generated_box(random_tiny):
+    tokenizer = load_tokenizer(random_tiny / "ar" / "model")
     settings = gsm8k.stop_settings(gsm8k.PROTOCOLS["pareto"], tokenizer)
     rule = StopRule(DecodeConfig(**settings), tokenizer)
     generated = tokenizer("so $\\boxed{18}$ and then \\boxed{3}", add_special_tokens=False)
@@ -143,8 +143,8 @@ def test_budgets_of_the_two_protocols():
         gsm8k.get_protocol("fast")
 
 
-def test_answer_text_is_cut_at_the_official_strings(trained_tiny):
-    tokenizer = load_tokenizer(trained_tiny / "ar" / "model")
+def test_answer_text_is_cut_at_the_official_strings(random_tiny):
+    tokenizer = load_tokenizer(random_tiny / "ar" / "model")
     ids = tokenizer("x = 3\nQuestion: next", add_special_tokens=False)["input_ids"]
     assert gsm8k.answer_text(ids, tokenizer) == "x = 3\n"
     with_eos = tokenizer("7 </s", add_special_tokens=False)["input_ids"]
@@ -177,8 +177,8 @@ def test_malformed_data_names_the_file_and_line(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------------- end to end
 @pytest.mark.parametrize("family", FAMILIES)
-def test_the_task_end_to_end(trained_tiny, tmp_path, family):
-    folder = trained_tiny / family / "model"
+def test_the_task_end_to_end(random_tiny, tmp_path, family):
+    folder = random_tiny / family / "model"
     model, tokenizer = load_model(folder), load_tokenizer(folder)
     task = gsm8k.GSM8KTask(protocol="pareto", limit=3, max_new_tokens=16)
     decode = paper_decode_config("gsm8k", model)
@@ -210,8 +210,8 @@ def test_the_task_end_to_end(trained_tiny, tmp_path, family):
     assert metrics["speed"]["nfe_total"] > 0 and metrics["speed"]["timed_examples"] == 2
 
 
-def test_the_accuracy_protocol_needs_room_in_the_model(trained_tiny, tmp_path):
-    folder = trained_tiny / "setdlm" / "model"
+def test_the_accuracy_protocol_needs_room_in_the_model(random_tiny, tmp_path):
+    folder = random_tiny / "setdlm" / "model"
     model, tokenizer = load_model(folder), load_tokenizer(folder)
     task = gsm8k.GSM8KTask(protocol="accuracy", limit=1)
     with pytest.raises(ValueError, match="gsm8k test-0: a prompt of .* tokens leaves no room"):

@@ -37,8 +37,8 @@ def gpt2(data_dir):
     return load_tokenizer(data_dir / "tokenizers" / "gpt2")
 
 
-def _tiny(trained_tiny, family):
-    folder = trained_tiny / family / "model"
+def _tiny(random_tiny, family):
+    folder = random_tiny / family / "model"
     return load_model(folder), load_tokenizer(folder)
 
 
@@ -127,8 +127,8 @@ def test_the_papers_family_settings_and_repetition_options(gpt2):
         assert task.settings()["repetition_penalty"] == penalty
 
 
-def test_a_story_longer_than_the_model_is_refused_or_skipped(trained_tiny):
-    model, tokenizer = _tiny(trained_tiny, "mdlm")
+def test_a_story_longer_than_the_model_is_refused_or_skipped(random_tiny):
+    model, tokenizer = _tiny(random_tiny, "mdlm")
     with pytest.raises(ValueError, match=r"ROCStories story .* more than the model's length 64"):
         InfillTask(InfillSettings(limit=3)).examples(tokenizer, model)
     task = InfillTask(InfillSettings(limit=3, too_long="skip"))
@@ -138,9 +138,9 @@ def test_a_story_longer_than_the_model_is_refused_or_skipped(trained_tiny):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_ar_sees_the_left_context_only(trained_tiny, variant):
-    ar, tokenizer = _tiny(trained_tiny, "ar")
-    mdlm, _ = _tiny(trained_tiny, "mdlm")
+def test_ar_sees_the_left_context_only(random_tiny, variant):
+    ar, tokenizer = _tiny(random_tiny, "ar")
+    mdlm, _ = _tiny(random_tiny, "mdlm")
     settings = InfillSettings(variant=variant, limit=3, too_long="skip")
     left_only = InfillTask(settings).examples(tokenizer, ar)
     full = InfillTask(settings).examples(tokenizer, mdlm)
@@ -157,8 +157,8 @@ def test_ar_sees_the_left_context_only(trained_tiny, variant):
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_end_to_end_on_a_tiny_trained_model(trained_tiny, tmp_path, family, variant):
-    model, tokenizer = _tiny(trained_tiny, family)
+def test_end_to_end_on_a_tiny_trained_model(random_tiny, tmp_path, family, variant):
+    model, tokenizer = _tiny(random_tiny, family)
     task = InfillTask(InfillSettings(variant=variant, limit=3, too_long="skip"))
     metrics = run_evaluation(task, model, tokenizer, paper_decode_config("infill", model), tmp_path)
     records = _records(tmp_path)
@@ -181,9 +181,9 @@ def test_end_to_end_on_a_tiny_trained_model(trained_tiny, tmp_path, family, vari
     assert metrics["speed"]["timed_examples"] == 2 and metrics["speed"]["nfe_mean"] >= 1
 
 
-def test_ar_results_do_not_depend_on_the_batch_size(trained_tiny, tmp_path):
+def test_ar_results_do_not_depend_on_the_batch_size(random_tiny, tmp_path):
     # AR examples carry their own budget (the span length): a batch never mixes budgets.
-    model, tokenizer = _tiny(trained_tiny, "ar")
+    model, tokenizer = _tiny(random_tiny, "ar")
     task = InfillTask(InfillSettings(variant="infill-3", limit=3, too_long="skip"))
     config = paper_decode_config("infill", model)
     run_evaluation(task, model, tokenizer, config, tmp_path / "one")
@@ -194,8 +194,8 @@ def test_ar_results_do_not_depend_on_the_batch_size(trained_tiny, tmp_path):
     assert len({len(r["output_ids"]) for r in one}) > 1  # the budgets really differ
 
 
-def test_empty_and_invalid_utf8_outputs_are_scored_and_counted(trained_tiny):
-    _, tokenizer = _tiny(trained_tiny, "setdlm")
+def test_empty_and_invalid_utf8_outputs_are_scored_and_counted(random_tiny):
+    _, tokenizer = _tiny(random_tiny, "setdlm")
     task = InfillTask(InfillSettings())
     eos = tokenizer.eos_token_id
     example_ids = tokenizer.encode(" She did not listen.")

@@ -38,28 +38,28 @@ def _on_a_terminal(argv: list[str], env: dict) -> tuple[int, str]:
     return process.wait(timeout=120), b"".join(chunks).decode(errors="replace")
 
 
-def _eval(trained_tiny: Path, out: Path) -> list[str]:
+def _eval(random_tiny: Path, out: Path) -> list[str]:
     return [
-        *("eval", "gsm8k", "--model", str(trained_tiny / "ar" / "model")),
+        *("eval", "gsm8k", "--model", str(random_tiny / "ar" / "model")),
         *("--out", str(out), "--limit", "3", "--warmup", "0", "--max-new-tokens", "4"),
     ]
 
 
 @pytest.mark.slow
-def test_an_evaluation_draws_a_bar_on_a_terminal_only(trained_tiny, tmp_path, data_dir):
+def test_an_evaluation_draws_a_bar_on_a_terminal_only(random_tiny, tmp_path, data_dir):
     env = environ(data_dir)
-    code, screen = _on_a_terminal([SETDLM, *_eval(trained_tiny, tmp_path / "a")], env)
+    code, screen = _on_a_terminal([SETDLM, *_eval(random_tiny, tmp_path / "a")], env)
     assert code == 0, screen
     bar = [line for line in screen.replace("\r", "\n").splitlines() if "3/3" in line]
     assert bar and "gsm8k" in bar[-1], screen
     assert "example/s" in bar[-1] or "s/example" in bar[-1]  # the rate
     assert "<" in bar[-1]  # elapsed<remaining
 
-    code, screen = _on_a_terminal([SETDLM, "--quiet", *_eval(trained_tiny, tmp_path / "b")], env)
+    code, screen = _on_a_terminal([SETDLM, "--quiet", *_eval(random_tiny, tmp_path / "b")], env)
     assert code == 0 and "3/3" not in screen
 
     piped = subprocess.run(
-        [SETDLM, *_eval(trained_tiny, tmp_path / "c")],
+        [SETDLM, *_eval(random_tiny, tmp_path / "c")],
         env=env,
         capture_output=True,
         text=True,

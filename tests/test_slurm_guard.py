@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from slurm_guard import CLUSTER_VARIABLE, install_guard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,6 +63,7 @@ def _submissions(calls: Path) -> list[str]:
     return [line for line in calls.read_text().splitlines() if line.split()[0] in submitting]
 
 
+@pytest.mark.slow  # runs a pytest session in a subprocess
 def test_with_no_cluster_named_the_slurm_tests_skip_without_calling_slurm(tmp_path):
     bin_dir, calls = _foreign_cluster(tmp_path)
     result = _slurm_tests(tmp_path, bin_dir)
@@ -70,6 +72,7 @@ def test_with_no_cluster_named_the_slurm_tests_skip_without_calling_slurm(tmp_pa
     assert calls.read_text() == ""  # not even a query
 
 
+@pytest.mark.slow  # runs a pytest session in a subprocess
 def test_with_another_cluster_named_the_slurm_tests_refuse_before_submitting(tmp_path):
     bin_dir, calls = _foreign_cluster(tmp_path)
     result = _slurm_tests(tmp_path, bin_dir, **{CLUSTER_VARIABLE: "localci"})

