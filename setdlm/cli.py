@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from setdlm.checkpoints.zoo import LEGACY_FAMILIES
-from setdlm.families import FAMILY_NAMES
+from setdlm.families import FAMILY_NAMES, policy_names
 from setdlm.util.errors import ArgumentParser, report
 from setdlm.util.paths import DataNotFoundError
 from setdlm.util.progress import QUIET_ENV
@@ -121,6 +121,9 @@ def _main(argv: list[str]) -> int:
         "--max-new-tokens", type=NEW_TOKENS, default=None, help="default: 64, or what fits"
     )
     generate.add_argument("--threshold", type=THRESHOLD, default=1e6, help="confidence τ")
+    generate.add_argument(
+        "--policy", choices=policy_names(), default=None, help="default: the family's own"
+    )
     generate.add_argument("--window", type=WINDOW, default=None, help="SetDLM W")
     generate.add_argument("--block-size", type=BLOCK_SIZE, default=None, help="MDLM/BD3LM block")
     generate.add_argument("--sample", action="store_true", help="sample instead of greedy")
@@ -362,7 +365,7 @@ def _generate(args) -> int:
     loaded = load_pretrained(args.model)
     length = loaded.model.config.length
     knobs = {"window": args.window, "block_size": args.block_size}
-    raise_for(decoding_option_errors(loaded.model, args.model, knobs))
+    raise_for(decoding_option_errors(loaded.model, args.model, knobs, args.policy))
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else load_tokenizer_for(loaded)
     raise_for(tokenizer_option_errors(tokenizer, loaded.model))
     spec = loaded.spec
@@ -388,7 +391,7 @@ def _generate(args) -> int:
     family = loaded.model.config.family
     # A published checkpoint decodes with its paper knobs unless an option says otherwise.
     config = with_knobs(config, family, **(spec.decode_knobs() if spec is not None else {}))
-    config = with_knobs(config, family, window=args.window, block_size=args.block_size)
+    config = with_knobs(config, family, args.policy, **knobs)
     output = loaded.model.generate([prompt], config, seeds=[args.seed])
     print(tokenizer.decode(output.new_token_ids[0]))
     print(

@@ -1,4 +1,4 @@
-"""The lm-eval model ``setdlm``: any of the four families, on any lm-eval task.
+"""The lm-eval model ``setdlm``: any family of setdlm/families.py, on any lm-eval task.
 
 Importing this module registers the model (lm-eval's own model names stay registered), the
 filters and the metric of the paper's GSM8K task. Then, from Python::
@@ -9,9 +9,10 @@ filters and the metric of the paper's GSM8K task. Then, from Python::
 or from the command line through ``lm_eval_main(argv)`` (``lm-eval`` with this module imported).
 
 Model args: ``pretrained`` (a model folder, a key like ``gsm8k:setdlm-smax8`` or a Hub id),
-``tokenizer`` (default: the checkpoint's own), ``revision``, the decoding knobs ``threshold``
-(τ), ``window`` (SetDLM W), ``block_size`` (MDLM/BD3LM), ``fht_cache_order`` (each default to
-the published checkpoint's paper setting, else to the family default), ``max_new_tokens`` (when
+``tokenizer`` (default: the checkpoint's own), ``revision``, ``policy`` (a decoding policy
+of setdlm/families.py; default the family's own), the decoding knobs ``threshold`` (τ),
+``window`` (SetDLM W), ``block_size`` (the decoding block), ``fht_cache_order`` (each default to
+the published checkpoint's paper setting, else to the policy's default), ``max_new_tokens`` (when
 a request gives no ``max_gen_toks``), ``batch_size``, ``batching`` (auto, static or continuous:
 how generate_until batches, as ``setdlm eval --batching``), ``device``, ``seed``, ``mc_samples``
 (noise draws averaged per log-likelihood), ``greedy_check``, ``warmup`` and ``log_dir``.
