@@ -107,7 +107,7 @@ wildcard_constraints:
     model=layout.MODEL_WILDCARD,
     domain="|".join(layout.DOMAINS),
     task="|".join(layout.TASKS),
-    point=r"tau-[^/]+|default",
+    point=layout.POINT_WILDCARD,
 
 
 include: "workflows/rules/data.smk"

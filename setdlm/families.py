@@ -372,9 +372,17 @@ def _name_pattern(info: FamilyInfo) -> str:
 MODEL_NAME = re.compile(
     "^(?:" + "|".join(map(_name_pattern, FAMILIES.values())) + ")(?:-(?P<tag>[a-z][a-z0-9]*))?$"
 )
+
+
+def without_group_names(pattern: str) -> str:
+    """A regex with its named groups unnamed: for JSON schema and Snakemake, which do not
+    take Python's ``(?P<name>...)``."""
+    return re.sub(r"\(\?P<\w+>", "(?:", pattern)
+
+
 # The same grammar without named groups: the workflow schema's model keys and Snakemake's
 # {model} wildcard (unanchored).
-MODEL_NAME_PATTERN = re.sub(r"\(\?P<\w+>", "(?:", MODEL_NAME.pattern)
+MODEL_NAME_PATTERN = without_group_names(MODEL_NAME.pattern)
 MODEL_WILDCARD = MODEL_NAME_PATTERN.removeprefix("^").removesuffix("$")
 # "ar, mdlm, bd3lm-s<S>, setdlm-smax<M>": the grammar in words, for messages
 MODEL_NAME_HELP = ", ".join(

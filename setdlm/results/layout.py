@@ -25,7 +25,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from setdlm.families import MODEL_WILDCARD, parse_model_name  # noqa: F401  (the layout's names)
+from setdlm.families import (  # noqa: F401  (the layout's names)
+    MODEL_WILDCARD,
+    parse_model_name,
+    without_group_names,
+)
 
 RUNS_FOLDER = "runs"
 MODELS_FOLDER = "models"  # runs/<config>/models/<model>/: trained or fetched checkpoints
@@ -125,7 +129,9 @@ def point_name(threshold: float, policy: str | None = None) -> str:
 
 
 # A point folder: "default" (likelihood), or [<policy>-]tau-<τ>.
-POINT_NAME = re.compile(r"^(?:default|(?:(?P<policy>[a-z][a-z0-9-]*?)-)?tau-(?P<tau>.+))$")
+POINT_NAME = re.compile(r"^(?:default|(?:(?P<policy>[a-z][a-z0-9-]*?)-)?tau-(?P<tau>[^/]+))$")
+# The same grammar for Snakemake's {point} wildcard (no anchors, no named groups).
+POINT_WILDCARD = without_group_names(POINT_NAME.pattern.removeprefix("^").removesuffix("$"))
 
 
 def run_dir(results: str | Path, name: str) -> Path:
