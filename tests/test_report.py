@@ -459,7 +459,7 @@ def test_another_policy_is_a_curve_of_its_own_flagged_approximate(run_dir, table
     assert bd3lm["dual-cache"]["point"] == "gsm8k/bd3lm-s4/dual-cache-tau-1e+06"
     assert {row["policy"] for row in rows if row["model"] == "ar"} == {"next-token"}
     markdown = (tables / "gsm8k_pareto.md").read_text()
-    assert "dual-cache (APPROXIMATE cache" in markdown and "block-cache (exact cache)" in markdown
+    assert "dual-cache (approximate cache" in markdown and "block-cache (exact cache)" in markdown
     curves = our_curves(load_results(run_dir).for_task("gsm8k"), FIGURES["gsm8k"])
     labels = [curve.label for curve in curves]
     assert "BD3LM S=4" in labels and "BD3LM S=4, dual-cache (approx. cache)" in labels

@@ -271,7 +271,7 @@ def policy_notes(points: list[ResultPoint]) -> list[str]:
     for name in names:
         info = policy_info(name)
         cache = (
-            "exact cache" if info.exact_cache else "APPROXIMATE cache (trades accuracy for speed)"
+            "exact cache" if info.exact_cache else "approximate cache, trading accuracy for speed"
         )
         described.append(f"{name} ({cache}): {info.summary}")
     return ["Decoding policies (setdlm/families.py): " + "; ".join(described) + "."]
