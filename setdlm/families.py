@@ -75,9 +75,9 @@ class FamilyInfo:
     left_to_right: bool
     training_cost: int  # positions its loss runs per token (2: the clean and noisy streams)
     # The DiT of the tiny and LM1B/OWT recipes: time-conditioned (adaLN on sigma = 0) and/or
-    # causal attention, and whether training chunks keep a clean BOS.
+    # causal attention.
     dit: Mapping[str, bool]
-    keep_clean_bos: bool
+    keep_clean_bos: bool  # the recipes' training chunks keep a clean BOS
     # Figure colours, light to dark with size: the first for the smallest published size (S
     # = d = 4), so that the paper's pairs (BD3LM-S with SetDLM-smax2S) share a shade.
     colours: tuple[str, ...]
