@@ -11,8 +11,10 @@ import copy
 from pathlib import Path
 
 import yaml
+from snakemake.utils import update_config
 
 TINY_PATH = Path(__file__).resolve().parents[1] / "workflows" / "config" / "tiny.yaml"
+QUICK_PATH = TINY_PATH.with_name("tiny-quick.yaml")
 WIKITEXT_MODELS = ["ar", "mdlm", "bd3lm-s4", "setdlm-smax8"]
 PAPER_TASKS = {
     "gsm8k": {
@@ -32,6 +34,14 @@ PAPER_SOURCES = {"gsm8k": "dir", "cnn_dailymail": "dir", "rocstories": "dir"}
 def tiny_config() -> dict:
     """workflows/config/tiny.yaml as loaded."""
     return yaml.safe_load(TINY_PATH.read_text())
+
+
+def tiny_quick_config() -> dict:
+    """tiny.yaml with its quick overlay, merged key by key as Snakemake merges two
+    --configfile."""
+    config = tiny_config()
+    update_config(config, yaml.safe_load(QUICK_PATH.read_text()))
+    return config
 
 
 def tiny_with_paper_tasks() -> dict:

@@ -1,11 +1,12 @@
-"""Fault injection on the default configuration (workflows/config/tiny.yaml, the main job).
-
-One undisturbed run of the main job is made for the module. Each fault then works on its own
-copy of it (``.snakemake`` metadata and modification times included): it loses, corrupts or
-duplicates files of the finished run, or starts the same command on a run with work left and
-kills, interrupts or doubles it at a chosen moment. Then the same command runs again (after
-following the advice it printed, where it stops and says what to do), and the run must equal
-the undisturbed one:
+"""Fault injection on the main job's DAG: all_tables, as `make run` runs it, on the embedded
+default with the overlay workflows/config/tiny-quick.yaml (every model, task, decoding policy and
+rule of tiny.yaml; fewer arithmetic training steps and τ, because recovery is about files,
+locks and stores, not about the numbers). One undisturbed run of it is made for the module.
+Each fault then works on its own copy of it (``.snakemake`` metadata and modification times
+included): it loses, corrupts or duplicates files of the finished run, or starts the same
+command on a run with work left and kills, interrupts or doubles it at a chosen moment. Then the
+same command runs again (after following the advice it printed, where it stops and says what to
+do), and the run must equal the undisturbed one:
 
 - ``setdlm compare`` finds no difference (samples, quality, counted speed, model files);
 - every sample line that was complete before the recovery is still there, byte for byte, and
@@ -33,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
+from configs import tiny_quick_config
 from workflow_env import copy_of_run, environ
 
 from setdlm.report.compare import compare_runs
@@ -43,7 +46,8 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 PROFILE = REPO / "workflows" / "profiles" / "local"
-RUN = Path("results/runs/tiny")  # inside a working directory
+NAME = "tiny-quick"  # the overlay's run name
+RUN = Path("results/runs") / NAME  # inside a working directory
 # Points and models the faults aim at: each cheap to recompute (seconds, not the minutes an
 # arithmetic model trains).
 SOLVE = "arithmetic-solve/setdlm-smax8-arith/tau-0.5"
@@ -213,7 +217,7 @@ def point_key(folder: Path) -> str:
 
 
 def leftovers(workdir: Path) -> list[str]:
-    patterns = ("results/runs/tiny/models/.*.tmp-*", "results/.mlflow.db.creating-*")
+    patterns = (f"{RUN}/models/.*.tmp-*", "results/.mlflow.db.creating-*")
     return [f"left behind: {p}" for pattern in patterns for p in workdir.glob(pattern)]
 
 
@@ -279,7 +283,9 @@ def assert_unlock_was_advised(outcome: Outcome) -> None:
 def undisturbed(tmp_path_factory, data_dir) -> Path:
     """The main job on the default configuration, run once, never modified afterwards."""
     workdir = tmp_path_factory.mktemp("undisturbed")
-    shutil.copy(REPO / "workflows" / "config" / "tiny.yaml", workdir / "config.yaml")
+    config = tiny_quick_config()
+    assert config["name"] == NAME
+    (workdir / "config.yaml").write_text(yaml.safe_dump(config))
     result = run_main_job(workdir, data_dir)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     assert mlflow_differences(workdir) == []
@@ -366,8 +372,8 @@ FINISHED_RUN_FAULTS = {
     "a table and a figure deleted": lambda run: [
         path.unlink()
         for path in (
-            run.parents[1] / "tables" / "tiny" / "arithmetic_pareto.csv",
-            run.parents[1] / "figures" / "tiny" / "arithmetic-solve_pareto.png",
+            run.parents[1] / "tables" / NAME / "arithmetic_pareto.csv",
+            run.parents[1] / "figures" / NAME / "arithmetic-solve_pareto.png",
         )
     ],
 }

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from configs import tiny_with_paper_tasks
+from configs import tiny_config, tiny_quick_config, tiny_with_paper_tasks
 from workflow_env import copy_of_run, environ
 
 from setdlm.results import layout
@@ -215,8 +215,30 @@ def test_data_sources_are_checked_before_any_job(tmp_path, data_dir):
 
 
 def test_the_shipped_configurations_are_valid(data_dir):
-    for config in (_tiny(), _paper()):
+    for config in (_tiny(), _paper(), tiny_quick_config()):
         validate(config, environ={"SETDLM_DATA_DIR": str(data_dir)})
+
+
+def test_the_quick_overlay_keeps_every_rule_and_only_cuts_costs(data_dir):
+    """tiny-quick.yaml (fault injection, the CI's SLURM stage) stands for the main job: the
+    same models, tasks, policies and kinds of job; fewer training steps and points, its own
+    run folder."""
+    env = {"SETDLM_DATA_DIR": str(data_dir)}
+    main, quick = build(tiny_config(), env), build(tiny_quick_config(), env)
+    assert quick.run == "results/runs/tiny-quick" != main.run
+    assert {k[:2] for k in quick.points} == {k[:2] for k in main.points}  # (task, model)
+
+    def policies(plan):
+        return {layout.POINT_NAME.match(k[2])["policy"] for k in plan.points}
+
+    assert policies(quick) == policies(main) and len(policies(main)) > 1
+    assert len(quick.points) < len(main.points) and quick.trained.keys() == main.trained.keys()
+    steps = {
+        name: (entry["train"].get("steps"), tiny_config()["models"][name]["train"].get("steps"))
+        for name, entry in tiny_quick_config()["models"].items()
+    }
+    assert all(quick < full for quick, full in steps.values() if full)  # only fewer steps
+    assert sum(1 for quick, full in steps.values() if full) == 4  # the arithmetic models
 
 
 @pytest.mark.slow  # runs snakemake or setdlm train in a subprocess
