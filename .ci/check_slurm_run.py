@@ -1,8 +1,8 @@
-"""Checks on the tiny all_tables run through the local SLURM cluster (called by .ci/slurm-stage).
+"""Checks on the all_tables run through the local SLURM cluster (called by .ci/slurm-stage).
 
-    python .ci/check_slurm_run.py --slurm-run results/slurm/results/runs/tiny \
-        --local-run results/runs/tiny --jobs 36 \
-        --tracking-uri sqlite:///results/slurm/results/mlflow.db
+    python .ci/check_slurm_run.py --slurm-run results/slurm/cluster/results/runs/tiny-quick \
+        --local-run results/slurm/local/results/runs/tiny-quick --jobs 36 \
+        --tracking-uri sqlite:///results/slurm/cluster/results/mlflow.db
 
 1. Every job of a rule that is not local ran as a SLURM job: each data part, trained model and
    evaluation (and each of its samples) records a job id, the ids are distinct, there are as
