@@ -281,7 +281,8 @@ def assert_unlock_was_advised(outcome: Outcome) -> None:
 # ----------------------------------------------------------------------------- the runs
 @pytest.fixture(scope="module")
 def undisturbed(tmp_path_factory, data_dir) -> Path:
-    """The main job on the default configuration, run once, never modified afterwards."""
+    """The main job on the default with its quick overlay, run once, never modified
+    afterwards."""
     workdir = tmp_path_factory.mktemp("undisturbed")
     config = tiny_quick_config()
     assert config["name"] == NAME

@@ -224,7 +224,8 @@ def test_the_quick_overlay_keeps_every_rule_and_only_cuts_costs(data_dir):
     same models, tasks, policies and kinds of job; fewer training steps and points, its own
     run folder."""
     env = {"SETDLM_DATA_DIR": str(data_dir)}
-    main, quick = build(tiny_config(), env), build(tiny_quick_config(), env)
+    main_config, quick_config = tiny_config(), tiny_quick_config()
+    main, quick = build(main_config, env), build(quick_config, env)
     assert quick.run == "results/runs/tiny-quick" != main.run
     assert {k[:2] for k in quick.points} == {k[:2] for k in main.points}  # (task, model)
 
@@ -234,8 +235,8 @@ def test_the_quick_overlay_keeps_every_rule_and_only_cuts_costs(data_dir):
     assert policies(quick) == policies(main) and len(policies(main)) > 1
     assert len(quick.points) < len(main.points) and quick.trained.keys() == main.trained.keys()
     steps = {
-        name: (entry["train"].get("steps"), tiny_config()["models"][name]["train"].get("steps"))
-        for name, entry in tiny_quick_config()["models"].items()
+        name: (entry["train"].get("steps"), main_config["models"][name]["train"].get("steps"))
+        for name, entry in quick_config["models"].items()
     }
     assert all(quick < full for quick, full in steps.values() if full)  # only fewer steps
     assert sum(1 for quick, full in steps.values() if full) == 4  # the arithmetic models
