@@ -95,3 +95,37 @@ def test_a_pool_needs_prompts_and_slots():
         model.generate(prompts(2), _config("ar"), batch_size=0)
     with pytest.raises(ValueError, match="needs continuous batching"):
         model.generate(prompts(2), _config("ar"), on_finished=print)
+
+
+# Per prompt: where its emulated EOS stands (None: none; 20 is past the budget of 12).
+STOPS = (3, None, 12, 1, 7, 20, 5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_stop_length_ends_a_row_where_an_eos_would(family):
+    """``stop_after`` (the batching benchmark's stand-in for a trained model's EOS) cuts each
+    row's own decode at its length, in a static batch and in a pool alike."""
+    model = tiny_model(family, "qwen3")
+    batch = prompts(len(LENGTHS), seed=9, lengths=LENGTHS)
+    config = _config(family, stop_repeated_tokens=0)  # no other stop: every row runs to 12
+    full = model.generate(batch, config)
+    assert full.num_generated == [12] * len(batch)
+    static = model.generate(batch, config, stop_after=list(STOPS))
+    pooled = model.generate(batch, config, stop_after=list(STOPS), batch_size=3)
+    for i, stop in enumerate(STOPS):
+        kept = 12 if stop is None else min(stop, 12)
+        # the stop only ends the row: the tokens before it are those of the uncut decode
+        assert static.new_token_ids[i] == full.new_token_ids[i][:kept], i
+        assert static.stopped[i] == (stop is not None and stop <= 12), i
+        assert static.row_forwards[i] <= full.row_forwards[i], i
+        assert pooled.new_token_ids[i] == static.new_token_ids[i], i
+        assert pooled.row_forwards[i] == static.row_forwards[i], i
+    assert static.row_forwards[3] < full.row_forwards[3]  # one token of 12: far fewer forwards
+
+
+def test_stop_lengths_are_checked_against_the_prompts():
+    model = tiny_model("ar")
+    with pytest.raises(ValueError, match="2 lengths for 3 prompts"):
+        model.generate(prompts(3), _config("ar"), stop_after=[4, 5])
+    with pytest.raises(ValueError, match=r"stop_after\[1\] must be a whole number >= 1"):
+        model.generate(prompts(2), _config("ar"), stop_after=[4, 0], batch_size=2)

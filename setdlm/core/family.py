@@ -167,16 +167,25 @@ class Family(nn.Module):
         tokenizer=None,
         batch_size: int | None = None,
         on_finished: FinishedCallback | None = None,
+        stop_after: list[int | None] | None = None,
         **policy_options: Any,
     ) -> GenerationOutput:
         """Decode ``prompts`` as one static batch, or, with ``batch_size``, through a
         continuous-batching pool of that many slots (``on_finished`` hears each row as it
-        finishes). Both give every row the tokens it gets alone."""
+        finishes). Both give every row the tokens it gets alone. ``stop_after``: per prompt, a
+        length at which the row stops as if an EOS stood there (benchmarks replaying a
+        workload's output lengths), or None."""
         if batch_size is None:
             if on_finished is not None:
                 raise ValueError("on_finished needs continuous batching (batch_size=...)")
             return generate(
-                self, prompts, config, seeds, tokenizer=tokenizer, policy_options=policy_options
+                self,
+                prompts,
+                config,
+                seeds,
+                tokenizer=tokenizer,
+                policy_options=policy_options,
+                stop_after=stop_after,
             )
         return generate_continuous(
             self,
@@ -187,6 +196,7 @@ class Family(nn.Module):
             tokenizer=tokenizer,
             on_finished=on_finished,
             policy_options=policy_options,
+            stop_after=stop_after,
         )
 
     def batch_tensors(self, batch: dict[str, torch.Tensor]):

@@ -57,6 +57,9 @@ class RowState:
     policy: Any = None  # the family policy's own per-row state
     done: bool = False
     stop_at: int | None = None  # kept length of the generated region after a stop
+    # Stop once this many tokens are decoded, as an EOS there would: a workload's known output
+    # length replayed on a model that does not produce it (benchmarks); None: no such stop.
+    stop_after: int | None = None
     prefix: list[int] = field(default_factory=list)  # contiguous decoded generated tokens
     steps: int = 0  # forwards in which the row committed predictions
     forwards: int = 0  # forwards the row took part in
@@ -202,8 +205,12 @@ def generate(
     tokenizer=None,
     synchronize_forwards: bool = False,
     policy_options: dict | None = None,
+    stop_after: list[int | None] | None = None,
 ) -> GenerationOutput:
-    """Decode every prompt (a list of token ids; mask ids inside it ask for infilling)."""
+    """Decode every prompt (a list of token ids; mask ids inside it ask for infilling).
+
+    ``stop_after`` (one per prompt): stop a row once that many tokens are decoded, as if an EOS
+    stood there (see ``RowState.stop_after``)."""
     start_wall = time.perf_counter()
     if not prompts:
         raise ValueError("generate() needs at least one prompt")
@@ -211,7 +218,8 @@ def generate(
     mask_id = family.config.mask_token_id
     policy = family.decode_policy(config, **(policy_options or {}))
     stop_rule = StopRule(config, tokenizer)
-    rows = [_new_row(b, p, config, mask_id, seeds, device) for b, p in enumerate(prompts)]
+    stops = stop_lengths(stop_after, len(prompts))
+    rows = [_new_row(b, p, config, mask_id, seeds, device, stops[b]) for b, p in enumerate(prompts)]
     for row in rows:
         policy.setup(row)
     cache = None
@@ -241,8 +249,20 @@ def cache_capacity(family, canvas_lengths) -> int:
     return max(1, min(family.config.length, max(canvas_lengths, default=1)))
 
 
+def stop_lengths(stop_after: list[int | None] | None, count: int) -> list[int | None]:
+    """``stop_after`` checked against ``count`` prompts: one length (>= 1) or None each."""
+    if stop_after is None:
+        return [None] * count
+    if len(stop_after) != count:
+        raise ValueError(f"stop_after has {len(stop_after)} lengths for {count} prompts")
+    for b, length in enumerate(stop_after):
+        if length is not None and (isinstance(length, bool) or int(length) != length or length < 1):
+            raise ValueError(f"stop_after[{b}] must be a whole number >= 1 or None, got {length!r}")
+    return [None if length is None else int(length) for length in stop_after]
+
+
 # --------------------------------------------------------------------------------- internals
-def _new_row(b, prompt, config, mask_id, seeds, device) -> RowState:
+def _new_row(b, prompt, config, mask_id, seeds, device, stop_after=None) -> RowState:
     prompt = [int(t) for t in prompt]
     infill = mask_id in prompt
     if infill:
@@ -264,6 +284,7 @@ def _new_row(b, prompt, config, mask_id, seeds, device) -> RowState:
         prompt_length=len(prompt),
         infill=infill,
         generator=generator,
+        stop_after=stop_after,
     )
 
 
@@ -447,12 +468,14 @@ def _check_stop(row: RowState, mask_id: int, stop_rule: StopRule, policy, cadenc
         if token == mask_id:
             break
         row.prefix.append(token)
-    if not stop_rule.active or len(row.prefix) == row.stop_checked:
+    if not (stop_rule.active or row.stop_after) or len(row.prefix) == row.stop_checked:
         return
     check = policy.official_stop_check(row) if cadence == "official" else StopCheck(due=True)
     if not check.due:
         return
-    end = stop_rule.stop_point(row.prefix, row.stop_checked)
+    end = stop_rule.stop_point(row.prefix, row.stop_checked) if stop_rule.active else None
+    if row.stop_after is not None and len(row.prefix) >= row.stop_after:
+        end = row.stop_after if end is None else min(end, row.stop_after)
     row.stop_checked = len(row.prefix)
     if end is not None:
         row.stop_at = end if check.keep is None else max(end, check.keep)

@@ -40,6 +40,7 @@ from setdlm.core.decoding.engine import (
     _step,
     cache_capacity,
     collect,
+    stop_lengths,
 )
 from setdlm.core.decoding.stopping import StopRule
 from setdlm.core.kv_cache import KVCache
@@ -58,8 +59,10 @@ def generate_continuous(
     on_finished: FinishedCallback | None = None,
     synchronize_forwards: bool = False,
     policy_options: dict | None = None,
+    stop_after: list[int | None] | None = None,
 ) -> GenerationOutput:
-    """Decode every prompt through a pool of ``batch_size`` slots (see the module docstring).
+    """Decode every prompt through a pool of ``batch_size`` slots (see the module docstring);
+    ``stop_after`` as in ``engine.generate``.
 
     The returned output is in prompt order. ``nfe`` and ``forward_seconds`` are those of the
     whole pool; per row, ``row_latency_seconds`` is its time in the pool and
@@ -74,6 +77,7 @@ def generate_continuous(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     pool = _Pool(family, prompts, config, seeds, tokenizer, batch_size, policy_options, start)
+    pool.stop_after = stop_lengths(stop_after, len(prompts))
     pool.on_finished = on_finished
     pool.forward = _ForwardCounter(family, synchronize_forwards)
     while True:
@@ -100,6 +104,7 @@ class _Pool:
         self.policy: OrderPolicy = family.decode_policy(config, **(options or {}))
         self.stop_rule = StopRule(config, tokenizer)
         self.on_finished: FinishedCallback | None = None
+        self.stop_after: list[int | None] = [None] * len(prompts)
         self.forward: _ForwardCounter | None = None
         size = min(batch_size, len(prompts))
         # infilling prompts hold their masks already: an upper bound, capped at the model length
@@ -172,9 +177,8 @@ class _Pool:
             if row is not None or not self.waiting:
                 continue
             index = self.waiting.popleft()
-            row = _new_row(
-                index, self.prompts[index], self.config, self.mask_id, self.seeds, self.device
-            )
+            prompt, stop = self.prompts[index], self.stop_after[index]
+            row = _new_row(index, prompt, self.config, self.mask_id, self.seeds, self.device, stop)
             self.policy.setup(row)
             row.admitted_at = time.perf_counter()
             if self.cache is not None:
