@@ -179,6 +179,15 @@ def _main(argv: list[str]) -> int:
     gpu.add_argument("--size", choices=("real", "tiny"), default="real")
     gpu.add_argument("--batch-size", type=BATCH_SIZE, default=16)
     gpu.add_argument("--compile", action="store_true", help="also with torch.compile")
+    gpu.add_argument("--new-tokens", type=COUNT, default=32, help="the budget of every row")
+    gpu.add_argument(
+        "--stop-lengths",
+        choices=("gsm8k",),
+        default=None,
+        help="each row stops, as at an EOS, after as many tokens as a GSM8K reference solution "
+        "has (Qwen3 tokens; SETDLM_DATA_DIR's gsm8k and tokenizers/qwen3; with --new-tokens "
+        "256); default: every row runs to --new-tokens",
+    )
     gpu.add_argument("--out", type=Path, default=None, help="also write the figures as JSON")
     decode = bench_commands.add_parser(
         "decode", help="decode the same prompts with all four families on one tiny backbone"
@@ -199,6 +208,14 @@ def _main(argv: list[str]) -> int:
     )
     decode.add_argument("--batch-sizes", type=BATCH_SIZE, nargs="+", default=[1, 4, 16])
     decode.add_argument("--prompts", type=COUNT, default=256, help="with --continuous")
+    decode.add_argument(
+        "--stop-lengths",
+        choices=("gsm8k",),
+        default=None,
+        help="with --continuous and random models: each prompt's row stops, as at an EOS, after "
+        "as many tokens as a GSM8K reference solution has (Qwen3 tokens; use --new-tokens 256 "
+        "to cover 98%% of them); default: every row runs to --new-tokens",
+    )
     decode.add_argument(
         "--models",
         type=Path,
@@ -283,7 +300,12 @@ def _bench_gpu(args) -> int:
     from setdlm.util.files import atomic_write_json
 
     settings = GpuCheckSettings(
-        device=args.device, size=args.size, batch_size=args.batch_size, compile=args.compile
+        device=args.device,
+        size=args.size,
+        batch_size=args.batch_size,
+        compile=args.compile,
+        new_tokens=args.new_tokens,
+        stop_lengths=args.stop_lengths,
     )
     report = check_gpu(settings)
     if args.out is not None:
@@ -307,6 +329,7 @@ def _bench_decode(args) -> int:
         arithmetic_workloads,
         bench_batching,
         bench_decode,
+        gsm8k_length_workloads,
         random_workloads,
     )
 
@@ -320,9 +343,17 @@ def _bench_decode(args) -> int:
         thresholds=tuple(args.thresholds),
         repeats=args.repeats,
     )
+    if args.stop_lengths is not None and not args.continuous:
+        raise SettingError("--stop-lengths goes with --continuous (the batching benchmark)")
     if args.continuous:
+        if args.models is not None and args.stop_lengths is not None:
+            raise SettingError(
+                "--stop-lengths is for random models; the trained --models stop at their own EOS"
+            )
         if args.models is not None:
             workloads = arithmetic_workloads(args.models, args.prompts)
+        elif args.stop_lengths == "gsm8k":
+            workloads = gsm8k_length_workloads(settings, args.prompts)
         else:
             workloads = random_workloads(settings, args.prompts)
         bench_batching(workloads, tuple(args.batch_sizes), tuple(args.thresholds))

@@ -261,6 +261,16 @@ CASES = [
         "bench decode --batch-size 0",
         ("--batch-size", ">= 1"),
     ),
+    Bad(
+        "bench-stop-lengths-alone",
+        "bench decode --stop-lengths gsm8k",
+        ("--stop-lengths", "--continuous"),
+    ),
+    Bad(
+        "bench-stop-lengths-trained",
+        "bench decode --continuous --stop-lengths gsm8k --models {scratch}",
+        ("--stop-lengths", "EOS"),
+    ),
     Bad("tiny-steps-zero", "tiny --steps 0 --out {scratch}/tiny", ("--steps", ">= 1")),
     # ------------------------------------------------------------------------- checkpoints
     Bad("model-missing", "generate {scratch}/nothing --prompt hi", ("nothing",)),

@@ -19,22 +19,27 @@ def test_the_gpu_check_measures_every_family_against_the_bandwidth_bound():
         batch_size=4,
         prompts=6,
         prompt_tokens=16,
-        new_tokens=8,
+        new_tokens=48,
         widths=(1, 8),
         copy_megabytes=64,
+        stop_lengths="gsm8k",  # the first six: 60, 47, 210, 47, 108, 171 tokens
     )
     lines = []
     report = check_gpu(settings, log=lines.append)
     assert report["bandwidth_bytes_per_second"] > 0
     assert [row["tokens"] for row in report["forward_latency"]] == [1, 8]
     rows = report["families"]
-    assert [(r["family"], r["batch_size"]) for r in rows] == [
-        (family, size) for family in FAMILY_NAMES for size in (1, 4)
+    runs = [(1, "static"), (4, "static"), (4, "continuous")]
+    assert [(r["family"], r["batch_size"], r["batching"]) for r in rows] == [
+        (family, size, batching) for family in FAMILY_NAMES for size, batching in runs
     ]
     for row in rows:
         assert "error" not in row, row
         assert row["tokens_per_second"] > 0 and row["bandwidth_bound_percent"] > 0, row
+    for row in rows[2::3]:  # fp32 on a CPU: the pool gives the static batches' tokens
+        assert row["same_tokens_as_static"] == "6/6", row
     assert any(line.startswith("copy bandwidth:") for line in lines)
+    assert report["stop_lengths"].endswith("4 past the budget of 48 run to it")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")

@@ -7,14 +7,17 @@ them within one run (absolute CPU speed drifts between minutes on shared machine
 
 ``bench_batching`` (``setdlm bench decode --continuous``) compares static batches with a
 continuous-batching pool of the same size on the same prompts: random models and prompts, or
-the mini benchmark's trained models on their arithmetic problems (``--models``).
+the mini benchmark's trained models on their arithmetic problems (``--models``). Random models
+never emit an EOS, so their rows all run to the budget; ``--stop-lengths gsm8k`` gives each
+prompt the length of a GSM8K reference solution instead, where its row stops as at an EOS: the
+spread of output lengths that continuous batching is for.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -240,6 +243,7 @@ class Workload:
     prompts: list[list[int]]
     config: Callable[[float], DecodeConfig]  # τ -> the decoding settings
     tokenizer: object = None  # for stop strings; None when the stop rules need no text
+    stop_after: list[int] | None = None  # per prompt: where its row stops, as at an EOS
 
 
 def random_workloads(settings: BenchSettings, num_prompts: int) -> list[Workload]:
@@ -251,6 +255,42 @@ def random_workloads(settings: BenchSettings, num_prompts: int) -> list[Workload
         return lambda threshold: bench_decode_config(family, settings, threshold)
 
     return [Workload(f, bench_model(f, settings), prompts, config_for(f)) for f in FAMILY_NAMES]
+
+
+def gsm8k_stop_lengths(count: int) -> list[int]:
+    """Per prompt i, the length of GSM8K test problem i's reference solution under the Qwen3
+    tokenizer (the published GSM8K checkpoints' own), cycling through the 1,319 problems:
+    where a row stops, as at an EOS, to replay GSM8K's spread of output lengths."""
+    from setdlm.data.tokenizers import load_tokenizer
+    from setdlm.eval.gsm8k import load_gsm8k
+    from setdlm.util.paths import data_path
+
+    tokenizer = load_tokenizer(data_path("tokenizers", "qwen3"))
+    problems = load_gsm8k("test")
+    answers = [problems[i % len(problems)].answer for i in range(count)]
+    return [len(tokenizer(text)["input_ids"]) for text in answers]
+
+
+def describe_stop_lengths(lengths: list[int], budget: int) -> str:
+    ranked = sorted(lengths)
+    past = sum(length > budget for length in lengths)
+    return (
+        f"stop lengths: GSM8K test reference solutions in Qwen3 tokens, {len(lengths)} prompts: "
+        f"min {ranked[0]}, median {ranked[len(ranked) // 2]}, p90 {ranked[9 * len(ranked) // 10]}, "
+        f"max {ranked[-1]}; {past} past the budget of {budget} run to it"
+    )
+
+
+def gsm8k_length_workloads(settings: BenchSettings, num_prompts: int, log=print) -> list[Workload]:
+    """``random_workloads`` whose rows stop where GSM8K's reference solutions end
+    (``gsm8k_stop_lengths``); a length past the budget runs to the budget. The models are long
+    enough for the longest prompt plus the budget."""
+    lengths = gsm8k_stop_lengths(num_prompts)
+    settings = replace(
+        settings, length=max(settings.length, 2 * settings.prompt_tokens + settings.new_tokens)
+    )
+    log(describe_stop_lengths(lengths, settings.new_tokens))
+    return [replace(work, stop_after=lengths) for work in random_workloads(settings, num_prompts)]
 
 
 def arithmetic_workloads(models_dir: Path, num_prompts: int) -> list[Workload]:
@@ -304,7 +344,11 @@ def bench_batching(
             config = work.config(threshold)
             largest = max(batch_sizes)
             work.model.generate(
-                work.prompts[:largest], config, tokenizer=work.tokenizer, batch_size=largest
+                work.prompts[:largest],
+                config,
+                tokenizer=work.tokenizer,
+                batch_size=largest,
+                stop_after=_stops(work, 0, largest),
             )
             alone = None
             for size in batch_sizes:
@@ -315,7 +359,11 @@ def bench_batching(
                 if size == 1:
                     continue
                 output = work.model.generate(
-                    work.prompts, config, tokenizer=work.tokenizer, batch_size=size
+                    work.prompts,
+                    config,
+                    tokenizer=work.tokenizer,
+                    batch_size=size,
+                    stop_after=work.stop_after,
                 )
                 if output.new_token_ids != static_tokens:
                     raise RuntimeError(
@@ -339,10 +387,15 @@ def _static_run(work: Workload, config: DecodeConfig, threshold: float, size: in
     tokens, new_ids, nfe, wall = 0, [], 0, 0.0
     for start in range(0, len(work.prompts), size):
         batch = work.prompts[start : start + size]
-        output = work.model.generate(batch, config, tokenizer=work.tokenizer)
+        stops = _stops(work, start, start + size)
+        output = work.model.generate(batch, config, tokenizer=work.tokenizer, stop_after=stops)
         tokens += sum(output.num_generated)
         new_ids += output.new_token_ids
         nfe += output.nfe
         wall += output.wall_seconds
     row = BatchingRow(work.family, threshold, size, "static", tokens / wall, nfe, wall)
     return row, new_ids
+
+
+def _stops(work: Workload, start: int, end: int) -> list[int] | None:
+    return None if work.stop_after is None else work.stop_after[start:end]

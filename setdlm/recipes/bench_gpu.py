@@ -5,10 +5,17 @@
 1. copy bandwidth: a device-to-device copy of a large buffer (bytes read + written per second);
 2. forward latency against the tokens fed per forward (1 to 256), at batch 1, no cache: where
    a forward stops being bound by reading the weights;
-3. per family, decoding tok/s at batch 1 and through a continuous-batching pool of B slots,
-   eager and (``--compile``) with ``torch.compile`` on the backbone, each beside "% of the
-   bandwidth bound": weight bytes x forwards per second / measured bandwidth, the share of
-   the time a forward would take if it only had to read the weights once.
+3. per family, decoding tok/s at batch 1, in static batches of B and through a
+   continuous-batching pool of B slots (the same prompts; how many of them the pool gave the
+   static batches' tokens is reported, not required: bf16 kernels may round a batch's rows
+   differently), eager and (``--compile``) with ``torch.compile`` on the backbone, each beside
+   "% of the bandwidth bound": weight bytes x forwards per second / measured bandwidth, the
+   share of the time a forward would take if it only had to read the weights once.
+
+Random weights never emit an EOS, so every row runs to the budget; ``--stop-lengths gsm8k``
+stops each row where a GSM8K reference solution of that many tokens would end (with
+``--new-tokens 256``), the spread of lengths that decides what the pool gains over static
+batches.
 
 The model is the GSM8K checkpoints' architecture (``real_size``: Qwen3-1.7B, bf16) with random
 weights, so nothing is downloaded; ``--size tiny`` runs the same script on the tiny benchmark
@@ -25,7 +32,12 @@ from dataclasses import dataclass
 import torch
 
 from setdlm.families import FAMILY_NAMES
-from setdlm.recipes.bench import BenchSettings, bench_decode_config
+from setdlm.recipes.bench import (
+    BenchSettings,
+    bench_decode_config,
+    describe_stop_lengths,
+    gsm8k_stop_lengths,
+)
 from setdlm.util.errors import UserError
 
 
@@ -40,6 +52,7 @@ class GpuCheckSettings:
     widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     compile: bool = False
     copy_megabytes: int = 1024
+    stop_lengths: str | None = None  # "gsm8k": rows stop at GSM8K reference lengths
 
 
 def check_gpu(settings: GpuCheckSettings = GpuCheckSettings(), log=print) -> dict:
@@ -53,6 +66,13 @@ def check_gpu(settings: GpuCheckSettings = GpuCheckSettings(), log=print) -> dic
     bandwidth = copy_bandwidth(device, settings.copy_megabytes)
     log(f"copy bandwidth: {bandwidth / 1e9:.1f} GB/s ({device}, {_device_name(device)})")
     report = {"device": _device_name(device), "bandwidth_bytes_per_second": bandwidth}
+    stops = None
+    if settings.stop_lengths == "gsm8k":
+        stops = gsm8k_stop_lengths(settings.prompts)
+        report["stop_lengths"] = describe_stop_lengths(stops, settings.new_tokens)
+        log(report["stop_lengths"])
+    elif settings.stop_lengths is not None:
+        raise UserError(f"--stop-lengths must be gsm8k, got {settings.stop_lengths!r}")
     generator = torch.Generator().manual_seed(0)
     families = []
     header_due = True
@@ -72,7 +92,8 @@ def check_gpu(settings: GpuCheckSettings = GpuCheckSettings(), log=print) -> dic
         for mode, runner in modes:
             if runner is None:
                 continue
-            for row in _throughput(family, runner, prompts, settings, weight_bytes, bandwidth):
+            measured = _throughput(family, runner, prompts, stops, settings)
+            for row in _with_bound(measured, weight_bytes, bandwidth):
                 if header_due:
                     log(HEADER)
                     header_due = False
@@ -138,61 +159,76 @@ def compiled(model, log=print):
 
 
 HEADER = (
-    f"{'family':7s} {'mode':9s} {'B':>4s} {'tok/s':>10s} {'fwd/s':>8s} {'NFE':>6s} "
-    f"{'% bw bound':>11s}"
+    f"{'family':7s} {'mode':9s} {'B':>4s} {'batching':10s} {'tok/s':>10s} {'fwd/s':>8s} "
+    f"{'NFE':>6s} {'% bw bound':>11s} {'same as static':>15s}"
 )
 
 
 def _line(row: dict) -> str:
+    same = row.get("same_tokens_as_static")
     return (
-        f"{row['family']:7s} {row['mode']:9s} {row['batch_size']:4d} "
+        f"{row['family']:7s} {row['mode']:9s} {row['batch_size']:4d} {row['batching']:10s} "
         f"{row['tokens_per_second']:10.1f} {row['forwards_per_second']:8.1f} {row['nfe']:6d} "
-        f"{row['bandwidth_bound_percent']:10.1f}%"
+        f"{row['bandwidth_bound_percent']:10.1f}% {'' if same is None else same:>15s}"
     )
 
 
-def _throughput(family, model, prompts, settings, weight_bytes, bandwidth) -> list[dict]:
+def _throughput(family, model, prompts, stops, settings) -> list[dict]:
+    """Batch 1 over the first 4 prompts, then static batches of B and a pool of B slots over
+    all of them: one row each, with the outputs' tokens, forwards and seconds."""
     config = bench_decode_config(
         family, BenchSettings(new_tokens=settings.new_tokens, mdlm_block=32), threshold=0.9
     )
-    rows = []
-    for size in (1, settings.batch_size):
-        subset = prompts[:4] if size == 1 else prompts
-        options = {} if size == 1 else {"batch_size": size}
+    size = settings.batch_size
+    stops = stops or [None] * len(prompts)
+    alone = [([prompt], [stop]) for prompt, stop in zip(prompts[:4], stops[:4], strict=True)]
+    batches = [(prompts[i : i + size], stops[i : i + size]) for i in range(0, len(prompts), size)]
+    runs = [
+        ("static", 1, alone),
+        ("static", size, batches),
+        ("continuous", size, [(prompts, stops)]),
+    ]
+    rows, static_tokens = [], None
+    for batching, batch_size, calls in runs:
+        pooled = {"batch_size": size} if batching == "continuous" else {}
         try:
-            model.generate(subset[:1], config, **options)  # warm-up (and compilation)
-            outputs = (
-                [model.generate(subset, config, **options)]
-                if size > 1
-                else [model.generate([prompt], config) for prompt in subset]
-            )
+            model.generate(calls[0][0][:1], config, **pooled)  # warm-up (and compilation)
+            outputs = [model.generate(p, config, stop_after=s, **pooled) for p, s in calls]
         except Exception as error:  # a compiled backbone can fail at its first real call
-            return rows + [_failed(family, size, error)]
+            return rows + [_failed(family, batch_size, batching, error)]
+        tokens = [ids for output in outputs for ids in output.new_token_ids]
         seconds = sum(o.wall_seconds for o in outputs)
-        forwards = sum(o.nfe for o in outputs)
-        per_second = forwards / seconds
-        rows.append(
-            {
-                "family": family,
-                "batch_size": size,
-                "tokens_per_second": sum(sum(o.num_generated) for o in outputs) / seconds,
-                "forwards_per_second": per_second,
-                "nfe": forwards,
-                # the share of each forward's time that reading the weights once would take
-                "bandwidth_bound_percent": 100 * weight_bytes * per_second / bandwidth,
-            }
-        )
+        row = {
+            "family": family,
+            "batch_size": batch_size,
+            "batching": batching,
+            "tokens_per_second": sum(sum(o.num_generated) for o in outputs) / seconds,
+            "forwards_per_second": sum(o.nfe for o in outputs) / seconds,
+            "nfe": sum(o.nfe for o in outputs),
+        }
+        if batching == "continuous" and static_tokens is not None:
+            same = sum(a == b for a, b in zip(tokens, static_tokens, strict=True))
+            row["same_tokens_as_static"] = f"{same}/{len(tokens)}"
+        if batch_size > 1 and batching == "static":
+            static_tokens = tokens
+        rows.append(row)
     return rows
 
 
-def _failed(family: str, size: int, error: Exception) -> dict:
+def _with_bound(rows: list[dict], weight_bytes: int, bandwidth: float) -> list[dict]:
+    """Each row with the share of its forwards' time that reading the weights once would take."""
+    bound = 100 * weight_bytes / bandwidth  # 100 x the seconds one read of the weights takes
+    return [row | {"bandwidth_bound_percent": bound * row["forwards_per_second"]} for row in rows]
+
+
+def _failed(family: str, size: int, batching: str, error: Exception) -> dict:
     return {
         "family": family,
         "batch_size": size,
+        "batching": batching,
         "tokens_per_second": 0.0,
         "forwards_per_second": 0.0,
         "nfe": 0,
-        "bandwidth_bound_percent": 0.0,
         "error": f"{type(error).__name__}: {error}",
     }
 
