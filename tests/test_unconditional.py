@@ -35,7 +35,15 @@ from setdlm.eval.unconditional import (
 )
 from setdlm.families import FAMILY_NAMES as FAMILIES  # noqa: E402
 
-TIMING = {"latency_seconds", "seconds", "warmup", "batch_size", "code_version", "job_id"}
+TIMING = {
+    "latency_seconds",
+    "seconds",
+    "warmup",
+    "batch_size",
+    "batching",
+    "code_version",
+    "job_id",
+}
 # Tiny samples are 63 tokens of a 512-token vocabulary: the paper's thresholds (4 nats, more
 # than 50 tokens, windows of 128) would reject or ignore everything, so they are scaled down.
 TINY_GENERATION = GenerationSettings(
@@ -198,6 +206,20 @@ def test_a_killed_run_resumes_to_the_same_results(random_tiny, scorers, tmp_path
         task, model, tokenizer, DecodeConfig(), tmp_path / "c", RunSettings(batch_size=3)
     )
     assert _samples(tmp_path / "c") == _samples(tmp_path / "a")
+
+    # So does a pool of three slots (rejected rows regenerated through a pool), killed while
+    # it saves its third finished sample and resumed.
+    pool = RunSettings(batch_size=3, batching="continuous")
+    killed.calls = 2
+    with pytest.raises(KeyboardInterrupt):
+        run_unconditional(killed, model, tokenizer, DecodeConfig(), tmp_path / "d", pool)
+    assert len((tmp_path / "d" / "samples.jsonl").read_text().splitlines()) == 2
+    pooled = run_unconditional(task, model, tokenizer, DecodeConfig(), tmp_path / "d", pool)
+    assert _samples(tmp_path / "d") == _samples(tmp_path / "a")
+    assert pooled["quality"] == straight["quality"]
+    assert pooled["speed"]["protocol"].startswith("continuous batching, 3 slots")
+    records = SampleLog(tmp_path / "d" / "samples.jsonl").load().values()
+    assert {(r["batching"], r["batch_size"]) for r in records} == {("continuous", 3)}
 
 
 def test_finished_samples_are_rescored_not_regenerated(random_tiny, scorers, tmp_path):

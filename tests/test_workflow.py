@@ -329,22 +329,24 @@ def test_each_policy_is_its_own_points_and_the_familys_own_keeps_its_folders(dat
     assert all(named.points[k].config_hash == p.config_hash for k, p in plan.points.items())
 
 
-def test_batching_reaches_the_command_and_only_a_non_default_changes_a_point(data_dir):
+@pytest.mark.parametrize("task", ["cnndm", "unconditional"])
+def test_batching_reaches_the_command_and_only_a_non_default_changes_a_point(data_dir, task):
     env = {"SETDLM_DATA_DIR": str(data_dir)}
     plan = build(_tiny(), env)
-    auto = build(_set(_tiny(), "tasks.cnndm.batching", "auto"), env)
+    auto = build(_set(_tiny(), f"tasks.{task}.batching", "auto"), env)
     assert all(auto.points[k].config_hash == p.config_hash for k, p in plan.points.items())
     # every setting is spelled out in the command, auto included (setdlm eval's default)
-    assert all("--batching auto" in p.command for k, p in plan.points.items() if k[0] == "cnndm")
+    assert all("--batching auto" in p.command for k, p in plan.points.items() if k[0] == task)
     pooled = build(
-        _set(_set(_tiny(), "tasks.cnndm.batching", "continuous"), "tasks.cnndm.batch_size", 4), env
+        _set(_set(_tiny(), f"tasks.{task}.batching", "continuous"), f"tasks.{task}.batch_size", 4),
+        env,
     )
     differ = {k for k, p in plan.points.items() if pooled.points[k].config_hash != p.config_hash}
-    assert differ == {k for k in plan.points if k[0] == "cnndm"}
-    point = next(p for k, p in pooled.points.items() if k[0] == "cnndm")
+    assert differ == {k for k in plan.points if k[0] == task} != set()
+    point = next(p for k, p in pooled.points.items() if k[0] == task)
     assert "--batch-size 4 " in point.command and "--batching continuous" in point.command
     with pytest.raises(ConfigError, match="batching"):
-        build(_set(_tiny(), "tasks.cnndm.batching", "dynamic"), env)
+        build(_set(_tiny(), f"tasks.{task}.batching", "dynamic"), env)
 
 
 def test_paper_plan_skips_unloadable_checkpoints_with_a_warning(data_dir, monkeypatch):

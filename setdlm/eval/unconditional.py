@@ -27,6 +27,7 @@ import dataclasses
 import hashlib
 import importlib.metadata
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -70,6 +71,7 @@ from setdlm.eval.runner import (
 )
 from setdlm.eval.sample_rules import EntropyStop, LowConfidenceStop, Rejection, apply_stop_rules
 from setdlm.eval.timing import (
+    decoding_fields,
     reset_peak_memory,
     synchronized_timer,
 )
@@ -326,71 +328,104 @@ def run_unconditional(
     bar = progress_bar(len(examples), "unconditional", len(examples) - len(pending), "sample")
     batches, warm_ids, rewarm = scheduled_batches(examples, pending, settings)
     if rewarm:  # untimed, discarded
-        _generate_with_rejection(model, tokenizer, decode, batches[0], generation, settings)
-    for batch in batches:
-        warmup = batch[0].id in warm_ids
-        attempts = _generate_with_rejection(model, tokenizer, decode, batch, generation, settings)
-        for example in batch:
-            log.append(_record(task, example, attempts[example.id], tokenizer, len(batch), warmup))
-        bar.update(len(batch))
+        warm = batches[0][: settings.batch_size]
+        _generate_with_rejection(model, tokenizer, decode, warm, generation, settings)
+
+    def save(example: Example, attempts: list[dict]) -> None:
+        log.append(_record(task, example, attempts, tokenizer, example.id in warm_ids))
+        bar.update(1)
+
+    for batch in batches:  # a sample is saved as soon as its last attempt is in
+        _generate_with_rejection(model, tokenizer, decode, batch, generation, settings, save)
     bar.close()
 
     extra = {"samples_config_hash": config_hash(sample_identity)}
     return finish_run(task, examples, log, out_dir, identity, digest, settings, device, extra)
 
 
-def _generate_with_rejection(model, tokenizer, decode, batch, generation, settings) -> dict:
-    """Every attempt of every sample of ``batch``: rejected rows are decoded again together
+# on_final(sample, every attempt of it), called once its last attempt is in
+FinalCallback = Callable[[Example, list[dict]], None]
+
+
+def _generate_with_rejection(
+    model, tokenizer, decode, batch, generation, settings, on_final: FinalCallback | None = None
+) -> dict:
+    """Every attempt of every sample of ``batch``: the rejected ones are decoded again together
+    (one static batch, or with continuous batching a pool of ``settings.batch_size`` slots),
     until each is accepted or out of attempts. Returns {id: [attempt, ...]}."""
     sample_seeds = {e.id: example_seed(settings.seed, e.id) for e in batch}
     attempts: dict[str, list[dict]] = {e.id: [] for e in batch}
+    regenerate: set[str] = set()  # the samples of this round to decode again
+
+    def judge(example: Example, attempt: dict) -> None:  # as soon as the attempt is done
+        attempts[example.id].append(attempt)
+        tries = len(attempts[example.id])
+        if attempt["rejected"] is not None and tries < generation.rejection.max_attempts:
+            regenerate.add(example.id)
+        elif on_final is not None:
+            on_final(example, attempts[example.id])
+
     active = list(batch)
     while active:
         seeds = [attempt_seed(sample_seeds[e.id], len(attempts[e.id])) for e in active]
-        with synchronized_timer(model.device) as elapsed:
-            output = model.generate(
-                [e.input_ids for e in active], decode, seeds=seeds, tokenizer=tokenizer
-            )
-        confidences = getattr(output, "new_token_confidences", None)
-        regenerate = []
-        for row, example in enumerate(active):
-            kept, reason = apply_stop_rules(
-                output.new_token_ids[row],
-                output.stopped[row],
-                decode.eos_token_ids,
-                None if confidences is None else confidences[row],
-                generation.low_confidence_stop,
-                generation.entropy_stop,
-            )
-            verdict = generation.rejection.verdict(kept)
-            attempts[example.id].append(
-                {
-                    "seed": seeds[row],
-                    "output_ids": kept,
-                    "stop_reason": reason,
-                    "rejected": verdict,
-                    "decoded_tokens": output.num_generated[row],
-                    "nfe": output.row_forwards[row],
-                    "steps": output.row_steps[row],
-                    "positions_evaluated": output.row_positions[row],
-                    "parallelism": output.parallelism[row],
-                    "latency_seconds": elapsed["seconds"],
-                    "seconds": elapsed["seconds"] / len(active),
-                    "batch_size": len(active),
-                }
-            )
-            if (
-                verdict is not None
-                and len(attempts[example.id]) < generation.rejection.max_attempts
-            ):
-                regenerate.append(example)
-        active = regenerate
+        regenerate.clear()
+        _decode_round(model, tokenizer, decode, active, seeds, generation, settings, judge)
+        active = [e for e in active if e.id in regenerate]
     return attempts
 
 
-def _record(task, example, attempts: list[dict], tokenizer, batch_size: int, warmup: bool) -> dict:
-    """One ``samples.jsonl`` line: the last attempt's sample, and the cost of all attempts."""
-    final = attempts[-1]
+def _decode_round(model, tokenizer, decode, samples, seeds, generation, settings, judge) -> None:
+    """One attempt of each of ``samples``, each handed to ``judge(sample, attempt)`` as soon as
+    it is done: when it leaves the pool, or at the end of the static batch."""
+    prompts = [e.input_ids for e in samples]
+    if settings.continuous:
+        size = settings.batch_size
+        model.generate(
+            prompts,
+            decode,
+            seeds=seeds,
+            tokenizer=tokenizer,
+            batch_size=size,
+            on_finished=lambda i, one: judge(
+                samples[i], _attempt(one, 0, seeds[i], decode, generation, size, None)
+            ),
+        )
+        return
+    with synchronized_timer(model.device) as elapsed:
+        output = model.generate(prompts, decode, seeds=seeds, tokenizer=tokenizer)
+    for row, sample in enumerate(samples):
+        call = elapsed["seconds"]
+        judge(sample, _attempt(output, row, seeds[row], decode, generation, len(samples), call))
+
+
+def _attempt(output, row: int, seed: int, decode, generation, batch_size: int, call_seconds):
+    """One attempt of a sample: row ``row`` of ``output`` with the sample rules applied, and
+    its cost (``call_seconds``: a static batch's decoding call; None: timed by the pool)."""
+    confidences = getattr(output, "new_token_confidences", None)
+    kept, reason = apply_stop_rules(
+        output.new_token_ids[row],
+        output.stopped[row],
+        decode.eos_token_ids,
+        None if confidences is None else confidences[row],
+        generation.low_confidence_stop,
+        generation.entropy_stop,
+    )
+    batching = "static" if call_seconds is not None else "continuous"
+    cost = decoding_fields(output, row, batch_size, call_seconds=call_seconds, batching=batching)
+    return {
+        "seed": seed,
+        "output_ids": kept,
+        "stop_reason": reason,
+        "rejected": generation.rejection.verdict(kept),
+        "decoded_tokens": cost.pop("generated_tokens"),
+        **{key: value for key, value in cost.items() if key != "stopped"},
+    }
+
+
+def _record(task, example, attempts: list[dict], tokenizer, warmup: bool) -> dict:
+    """One ``samples.jsonl`` line: the last attempt's sample, and the cost of all attempts (how
+    it was batched: as its first attempt was)."""
+    final, first = attempts[-1], attempts[0]
     ids = final["output_ids"]
     text = task.output_text(example, ids, tokenizer)
     steps = sum(a["steps"] for a in attempts)
@@ -415,7 +450,8 @@ def _record(task, example, attempts: list[dict], tokenizer, batch_size: int, war
         "parallelism": committed / steps if steps else 0.0,
         "latency_seconds": sum(a["latency_seconds"] for a in attempts),
         "seconds": sum(a["seconds"] for a in attempts),
-        "batch_size": batch_size,
+        "batch_size": first["batch_size"],
+        "batching": first["batching"],
         "warmup": warmup,
         **sample_provenance(),
         "attempts": [{k: v for k, v in a.items() if k != "output_ids"} for a in attempts],
