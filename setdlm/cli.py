@@ -180,14 +180,7 @@ def _main(argv: list[str]) -> int:
     gpu.add_argument("--batch-size", type=BATCH_SIZE, default=16)
     gpu.add_argument("--compile", action="store_true", help="also with torch.compile")
     gpu.add_argument("--new-tokens", type=COUNT, default=32, help="the budget of every row")
-    gpu.add_argument(
-        "--stop-lengths",
-        choices=("gsm8k",),
-        default=None,
-        help="each row stops, as at an EOS, after as many tokens as a GSM8K reference solution "
-        "has (Qwen3 tokens; SETDLM_DATA_DIR's gsm8k and tokenizers/qwen3; with --new-tokens "
-        "256); default: every row runs to --new-tokens",
-    )
+    _add_stop_lengths(gpu, "")
     gpu.add_argument("--out", type=Path, default=None, help="also write the figures as JSON")
     decode = bench_commands.add_parser(
         "decode", help="decode the same prompts with all four families on one tiny backbone"
@@ -208,14 +201,7 @@ def _main(argv: list[str]) -> int:
     )
     decode.add_argument("--batch-sizes", type=BATCH_SIZE, nargs="+", default=[1, 4, 16])
     decode.add_argument("--prompts", type=COUNT, default=256, help="with --continuous")
-    decode.add_argument(
-        "--stop-lengths",
-        choices=("gsm8k",),
-        default=None,
-        help="with --continuous and random models: each prompt's row stops, as at an EOS, after "
-        "as many tokens as a GSM8K reference solution has (Qwen3 tokens; use --new-tokens 256 "
-        "to cover 98%% of them); default: every row runs to --new-tokens",
-    )
+    _add_stop_lengths(decode, "with --continuous and random models: ")
     decode.add_argument(
         "--models",
         type=Path,
@@ -293,6 +279,17 @@ def _parity(args) -> int:
 def _bench(args) -> int:
     run = {"gpu": _bench_gpu, "real-size": _bench_real_size, "decode": _bench_decode}
     return run[args.bench](args)
+
+
+def _add_stop_lengths(parser, scope: str) -> None:
+    parser.add_argument(
+        "--stop-lengths",
+        choices=("gsm8k",),
+        default=None,
+        help=f"{scope}each row stops, as at an EOS, after as many tokens as a GSM8K reference "
+        "solution has (Qwen3 tokens, from SETDLM_DATA_DIR; --new-tokens 256 covers 98%% of "
+        "them); default: every row runs to --new-tokens",
+    )
 
 
 def _bench_gpu(args) -> int:

@@ -12,16 +12,10 @@ from setdlm.core.decoding import DecodeConfig
 from setdlm.data.tokenizers import load_tokenizer
 from setdlm.eval.records import SampleLog, example_seed
 from setdlm.eval.runner import Example, RunSettings, Task, run_evaluation
+from setdlm.report.compare import RUN_FIELDS
 
-TIMING_FIELDS = {
-    "latency_seconds",
-    "seconds",
-    "warmup",
-    "batch_size",
-    "batching",
-    "code_version",
-    "job_id",
-}
+# how a run went (the comparison's own list), and whether a sample was a warm-up one
+TIMING_FIELDS = RUN_FIELDS | {"warmup"}
 
 
 class Continuation(Task):

@@ -34,16 +34,10 @@ from setdlm.eval.unconditional import (
     score_samples,
 )
 from setdlm.families import FAMILY_NAMES as FAMILIES  # noqa: E402
+from setdlm.report.compare import RUN_FIELDS  # noqa: E402
 
-TIMING = {
-    "latency_seconds",
-    "seconds",
-    "warmup",
-    "batch_size",
-    "batching",
-    "code_version",
-    "job_id",
-}
+# how a run went (the comparison's own list), and whether a sample was a warm-up one
+TIMING = RUN_FIELDS | {"warmup"}
 # Tiny samples are 63 tokens of a 512-token vocabulary: the paper's thresholds (4 nats, more
 # than 50 tokens, windows of 128) would reject or ignore everything, so they are scaled down.
 TINY_GENERATION = GenerationSettings(
