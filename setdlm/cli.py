@@ -284,11 +284,12 @@ def _bench(args) -> int:
 def _add_stop_lengths(parser, scope: str) -> None:
     parser.add_argument(
         "--stop-lengths",
-        choices=("gsm8k",),
+        metavar="gsm8k|FILE",
         default=None,
         help=f"{scope}each row stops, as at an EOS, after as many tokens as a GSM8K reference "
-        "solution has (Qwen3 tokens, from SETDLM_DATA_DIR; --new-tokens 256 covers 98%% of "
-        "them); default: every row runs to --new-tokens",
+        "solution has (gsm8k: Qwen3 tokens, from SETDLM_DATA_DIR; --new-tokens 256 covers 98%% "
+        "of them) or as a run's samples.jsonl says its outputs had (generated_tokens); "
+        "default: every row runs to --new-tokens",
     )
 
 
@@ -326,7 +327,7 @@ def _bench_decode(args) -> int:
         arithmetic_workloads,
         bench_batching,
         bench_decode,
-        gsm8k_length_workloads,
+        length_workloads,
         random_workloads,
     )
 
@@ -349,8 +350,8 @@ def _bench_decode(args) -> int:
             )
         if args.models is not None:
             workloads = arithmetic_workloads(args.models, args.prompts)
-        elif args.stop_lengths == "gsm8k":
-            workloads = gsm8k_length_workloads(settings, args.prompts)
+        elif args.stop_lengths is not None:
+            workloads = length_workloads(settings, args.prompts, args.stop_lengths)
         else:
             workloads = random_workloads(settings, args.prompts)
         bench_batching(workloads, tuple(args.batch_sizes), tuple(args.thresholds))

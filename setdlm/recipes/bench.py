@@ -9,8 +9,9 @@ them within one run (absolute CPU speed drifts between minutes on shared machine
 continuous-batching pool of the same size on the same prompts: random models and prompts, or
 the mini benchmark's trained models on their arithmetic problems (``--models``). Random models
 never emit an EOS, so their rows all run to the budget; ``--stop-lengths gsm8k`` gives each
-prompt the length of a GSM8K reference solution instead, where its row stops as at an EOS: the
-spread of output lengths that continuous batching is for.
+prompt the length of a GSM8K reference solution instead (or ``--stop-lengths FILE`` the output
+lengths of a run's samples.jsonl), where its row stops as at an EOS: the spread of output
+lengths that continuous batching is for.
 """
 
 from __future__ import annotations
@@ -271,25 +272,58 @@ def gsm8k_stop_lengths(count: int) -> list[int]:
     return [len(tokenizer(text)["input_ids"]) for text in answers]
 
 
-def describe_stop_lengths(lengths: list[int], budget: int) -> str:
+def sample_log_lengths(path: Path, count: int) -> list[int]:
+    """Per prompt i, the ``generated_tokens`` of record i of a result's ``samples.jsonl`` (in
+    file order, cycling): a run's own output lengths, say a trained checkpoint's on GSM8K. A
+    record of 0 tokens stops after 1 (an EOS at once). The file is read, never repaired."""
+    from setdlm.eval.records import SampleLog
+
+    if not path.is_file():
+        raise DataError(f"--stop-lengths {path}: no such file (expected gsm8k or a samples.jsonl)")
+    records = list(SampleLog(path).scan()[0].values())
+    if not records:
+        raise DataError(f"{path}: no sample records in it (JSON lines with an id)")
+    lengths = []
+    for record in records:
+        tokens = record.get("generated_tokens")
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+            raise DataError(
+                f"{path}: record {record['id']!r} has no generated_tokens (a whole number >= 0), "
+                f"got {tokens!r}"
+            )
+        lengths.append(max(1, tokens))
+    return [lengths[i % len(lengths)] for i in range(count)]
+
+
+def stop_lengths(source: str, count: int) -> tuple[list[int], str]:
+    """Where each of ``count`` prompts' rows stops, and what the lengths are: "gsm8k"
+    (``gsm8k_stop_lengths``) or a ``samples.jsonl`` file (``sample_log_lengths``)."""
+    if source == "gsm8k":
+        return gsm8k_stop_lengths(count), "GSM8K test reference solutions in Qwen3 tokens"
+    return sample_log_lengths(Path(source), count), f"generated_tokens of {source}"
+
+
+def describe_stop_lengths(lengths: list[int], what: str, budget: int) -> str:
     ranked = sorted(lengths)
     past = sum(length > budget for length in lengths)
     return (
-        f"stop lengths: GSM8K test reference solutions in Qwen3 tokens, {len(lengths)} prompts: "
-        f"min {ranked[0]}, median {ranked[len(ranked) // 2]}, p90 {ranked[9 * len(ranked) // 10]}, "
-        f"max {ranked[-1]}; {past} past the budget of {budget} run to it"
+        f"stop lengths: {what}, {len(lengths)} prompts: min {ranked[0]}, median "
+        f"{ranked[len(ranked) // 2]}, p90 {ranked[9 * len(ranked) // 10]}, max {ranked[-1]}; "
+        f"{past} past the budget of {budget} run to it"
     )
 
 
-def gsm8k_length_workloads(settings: BenchSettings, num_prompts: int, log=print) -> list[Workload]:
-    """``random_workloads`` whose rows stop where GSM8K's reference solutions end
-    (``gsm8k_stop_lengths``); a length past the budget runs to the budget. The models are long
-    enough for the longest prompt plus the budget."""
-    lengths = gsm8k_stop_lengths(num_prompts)
+def length_workloads(
+    settings: BenchSettings, num_prompts: int, source: str = "gsm8k", log=print
+) -> list[Workload]:
+    """``random_workloads`` whose rows stop where ``source``'s lengths say (``stop_lengths``);
+    a length past the budget runs to the budget. The models are long enough for the longest
+    prompt plus the budget."""
+    lengths, what = stop_lengths(source, num_prompts)
     settings = replace(
         settings, length=max(settings.length, 2 * settings.prompt_tokens + settings.new_tokens)
     )
-    log(describe_stop_lengths(lengths, settings.new_tokens))
+    log(describe_stop_lengths(lengths, what, settings.new_tokens))
     return [replace(work, stop_after=lengths) for work in random_workloads(settings, num_prompts)]
 
 

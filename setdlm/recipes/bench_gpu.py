@@ -14,8 +14,8 @@
 
 Random weights never emit an EOS, so every row runs to the budget; ``--stop-lengths gsm8k``
 stops each row where a GSM8K reference solution of that many tokens would end (with
-``--new-tokens 256``), the spread of lengths that decides what the pool gains over static
-batches.
+``--new-tokens 256``), or ``--stop-lengths FILE`` where a run's samples.jsonl says its outputs
+ended: the spread of lengths that decides what the pool gains over static batches.
 
 The model is the GSM8K checkpoints' architecture (``real_size``: Qwen3-1.7B, bf16) with random
 weights, so nothing is downloaded; ``--size tiny`` runs the same script on the tiny benchmark
@@ -36,7 +36,7 @@ from setdlm.recipes.bench import (
     BenchSettings,
     bench_decode_config,
     describe_stop_lengths,
-    gsm8k_stop_lengths,
+    stop_lengths,
 )
 from setdlm.util.errors import UserError
 
@@ -52,7 +52,7 @@ class GpuCheckSettings:
     widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     compile: bool = False
     copy_megabytes: int = 1024
-    stop_lengths: str | None = None  # "gsm8k": rows stop at GSM8K reference lengths
+    stop_lengths: str | None = None  # "gsm8k" or a samples.jsonl: where rows stop (bench.py)
 
 
 def check_gpu(settings: GpuCheckSettings = GpuCheckSettings(), log=print) -> dict:
@@ -67,12 +67,10 @@ def check_gpu(settings: GpuCheckSettings = GpuCheckSettings(), log=print) -> dic
     log(f"copy bandwidth: {bandwidth / 1e9:.1f} GB/s ({device}, {_device_name(device)})")
     report = {"device": _device_name(device), "bandwidth_bytes_per_second": bandwidth}
     stops = None
-    if settings.stop_lengths == "gsm8k":
-        stops = gsm8k_stop_lengths(settings.prompts)
-        report["stop_lengths"] = describe_stop_lengths(stops, settings.new_tokens)
+    if settings.stop_lengths is not None:
+        stops, what = stop_lengths(settings.stop_lengths, settings.prompts)
+        report["stop_lengths"] = describe_stop_lengths(stops, what, settings.new_tokens)
         log(report["stop_lengths"])
-    elif settings.stop_lengths is not None:
-        raise UserError(f"--stop-lengths must be gsm8k, got {settings.stop_lengths!r}")
     generator = torch.Generator().manual_seed(0)
     families = []
     header_due = True
