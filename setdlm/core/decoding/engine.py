@@ -218,7 +218,7 @@ def generate(
     mask_id = family.config.mask_token_id
     policy = family.decode_policy(config, **(policy_options or {}))
     stop_rule = StopRule(config, tokenizer)
-    stops = stop_lengths(stop_after, len(prompts))
+    stops = checked_stop_after(stop_after, len(prompts))
     rows = [_new_row(b, p, config, mask_id, seeds, device, stops[b]) for b, p in enumerate(prompts)]
     for row in rows:
         policy.setup(row)
@@ -249,7 +249,7 @@ def cache_capacity(family, canvas_lengths) -> int:
     return max(1, min(family.config.length, max(canvas_lengths, default=1)))
 
 
-def stop_lengths(stop_after: list[int | None] | None, count: int) -> list[int | None]:
+def checked_stop_after(stop_after: list[int | None] | None, count: int) -> list[int | None]:
     """``stop_after`` checked against ``count`` prompts: one length (>= 1) or None each."""
     if stop_after is None:
         return [None] * count

@@ -39,8 +39,8 @@ from setdlm.core.decoding.engine import (
     _new_row,
     _step,
     cache_capacity,
+    checked_stop_after,
     collect,
-    stop_lengths,
 )
 from setdlm.core.decoding.stopping import StopRule
 from setdlm.core.kv_cache import KVCache
@@ -77,7 +77,7 @@ def generate_continuous(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     pool = _Pool(family, prompts, config, seeds, tokenizer, batch_size, policy_options, start)
-    pool.stop_after = stop_lengths(stop_after, len(prompts))
+    pool.stop_after = checked_stop_after(stop_after, len(prompts))
     pool.on_finished = on_finished
     pool.forward = _ForwardCounter(family, synchronize_forwards)
     while True:
