@@ -20,6 +20,7 @@ from setdlm.results import layout
 from setdlm.workflow import datasets
 from setdlm.workflow import plan as workflow_plan
 from setdlm.workflow.config import ConfigError
+from setdlm.workflow.invocation import executes
 from setdlm.workflow.locks import lock_holders, lock_message
 
 # Snakemake's own lock message is the same whether the run holding the lock is alive or was
@@ -50,14 +51,18 @@ except ConfigError as error:
 
 # A result file that cannot be read is an error naming it, then recomputed: moved aside here,
 # so that the job writing it runs again (a missing one is simply missing: its job runs too).
+# Only when this command runs jobs: a dry run (-n), --touch, --dag, --summary and the like
+# change nothing (workflow.dryrun is not set yet at parse time: setdlm/workflow/invocation.py).
 # Not while another run is alive in this folder: it owns these files (a killed run's lock does
 # not stop the repairs).
-if workflow.is_main_process and not workflow.dryrun and not _HOLDERS:
-    for _message in workflow_plan.set_aside_unreadable(PLAN):
-        print(_message, file=sys.stderr)
-    for _message in workflow_plan.rebuild_after_losses(PLAN):
-        print(_message, file=sys.stderr)
-    for _message in workflow_plan.resync_lost_store(PLAN, os.environ):
+# A dry run says what a run would repair, and changes nothing.
+if workflow.is_main_process and not _HOLDERS:
+    _APPLY = executes(workflow)
+    for _message in [
+        *workflow_plan.set_aside_unreadable(PLAN, apply=_APPLY),
+        *workflow_plan.rebuild_after_losses(PLAN, apply=_APPLY),
+        *workflow_plan.resync_lost_store(PLAN, os.environ, apply=_APPLY),
+    ]:
         print(_message, file=sys.stderr)
 
 

@@ -242,6 +242,38 @@ def test_the_quick_overlay_keeps_every_rule_and_only_cuts_costs(data_dir):
     assert sum(1 for quick, full in steps.values() if full) == 4  # the arithmetic models
 
 
+@pytest.mark.parametrize(
+    "argv, runs_jobs",
+    [
+        (["all_tables"], True),
+        (["--profile", "workflows/profiles/local", "all_tables"], True),
+        (["-c", "2", "-q", "all", "--configfile", "x.yaml"], True),
+        (["--report", "r.html", "--report-after-run"], True),
+        (["-n", "all_tables"], False),
+        (["-np"], False),
+        (["--dry-run"], False),
+        (["--profile", "workflows/profiles/local", "-n"], False),
+        (["--touch"], False),
+        (["--dag"], False),
+        (["--rulegraph"], False),
+        (["--summary"], False),
+        (["-D"], False),
+        (["--list-changes", "params"], False),
+        (["--unlock"], False),
+        (["--lint"], False),
+        (["--report", "r.html"], False),
+        (["--delete-all-output"], False),
+        (["--not-a-snakemake-option"], False),  # not a Snakemake command line: no repairs
+    ],
+)
+def test_only_a_command_that_runs_jobs_may_repair_results(argv, runs_jobs):
+    """The Snakefile's repairs change files, so they wait for a command that runs jobs; what it
+    is comes from the command line, since workflow.dryrun is not set yet at parse time."""
+    from setdlm.workflow.invocation import command_line_executes
+
+    assert command_line_executes(argv) is runs_jobs
+
+
 @pytest.mark.slow  # runs snakemake or setdlm train in a subprocess
 def test_snakemake_refuses_a_bad_configuration_before_queueing_jobs(tmp_path, data_dir):
     config = tmp_path / "bad.yaml"
@@ -788,6 +820,65 @@ def test_lost_or_unreadable_results_are_recomputed(run_copy, data_dir):
         metrics = json.loads((run / key / "metrics.json").read_text())
         assert metrics["quality"] == before[key]["quality"], key
         assert metrics["config_hash"] == before[key]["config_hash"], key
+    assert nothing_to_do(snakemake(run_copy, data_dir, "all"))
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, int, str]]:
+    """Every file under ``folder``: its size, modification time and sha256; Snakemake's own
+    logs and cache of file times (which a dry run keeps for the next one) aside."""
+    import hashlib
+
+    return {
+        str(path.relative_to(folder)): (
+            path.stat().st_size,
+            path.stat().st_mtime_ns,
+            hashlib.sha256(path.read_bytes()).hexdigest(),
+        )
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+        and not path.is_symlink()
+        and not str(path.relative_to(folder)).startswith((".snakemake/iocache", ".snakemake/log"))
+    }
+
+
+@pytest.mark.slow
+def test_a_dry_run_or_a_read_only_command_changes_no_file(run_copy, data_dir):
+    """Issue 27: `snakemake -n` (and --summary, --dag, --list-changes, --touch -n) on a finished
+    run whose configuration gained a τ and a model, with a result lost, one unreadable and the
+    MLflow store gone, moves, rewrites and deletes nothing; it says what a run would repair.
+    The real run afterwards does repair it."""
+    run = run_copy / "results" / "runs" / "mini"
+    config = yaml.safe_load((run_copy / "config.yaml").read_text())
+    config["tasks"]["gsm8k"]["thresholds"].append(0.9)  # a τ added
+    config["models"]["bd3lm-s4"] = {"family": "bd3lm", "block_size": 4, "train": {}}
+    config["tasks"]["likelihood-wikitext2"]["models"].append("bd3lm-s4")  # a model added
+    (run_copy / "config.yaml").write_text(yaml.safe_dump(config))
+    shutil.rmtree(run / MINI_POINTS[0])  # a point deleted
+    (run / MINI_POINTS[2] / "metrics.json").write_text("{ torn")  # a point unreadable
+    (run_copy / "results" / "mlflow.db").write_bytes(b"not a database")
+    before = _snapshot(run_copy)
+    assert (run_copy / "results" / "tables" / "mini" / "gsm8k_pareto.csv").as_posix() in {
+        (run_copy / name).as_posix() for name in before
+    }
+    read_only = [["-n"], ["--dry-run", "-p"], ["--summary"], ["--dag"], ["--touch", "-n"]]
+    read_only += [["--list-changes", "params"]]
+    for options in read_only:
+        result = snakemake(run_copy, data_dir, "all", *options, check=False)
+        output = result.stdout + result.stderr
+        assert result.returncode == 0, (options, output[-3000:])
+        assert _snapshot(run_copy) == before, f"snakemake {' '.join(options)} changed files"
+        if options == ["-n"]:
+            assert f"{MINI_POINTS[2]}/metrics.json: unreadable result" in output
+            assert "a run (not this dry run) moves it aside" in output
+            assert "result file(s) are missing" in output and "not this dry run" in output
+            assert "syncs the results again" in output
+    result = snakemake(run_copy, data_dir, "all")  # the real run repairs what the dry run named
+    output = result.stdout + result.stderr
+    assert "moved to metrics.json.unreadable-" in output
+    for key in MINI_POINTS:
+        assert json.loads((run / key / "metrics.json").read_text())["examples"] >= 1, key
+    assert (run / "likelihood-wikitext2/bd3lm-s4/default/metrics.json").is_file()
+    assert (run / "gsm8k/setdlm-smax8/tau-0.9/metrics.json").is_file()
     assert nothing_to_do(snakemake(run_copy, data_dir, "all"))
 
 

@@ -354,13 +354,14 @@ def disk_full_report(plan: Plan, low: int = LOW_DISK_BYTES) -> str | None:
     )
 
 
-def set_aside_unreadable(plan: Plan) -> list[str]:
+def set_aside_unreadable(plan: Plan, apply: bool = True) -> list[str]:
     """Move every planned result (metrics.json) or model marker aside that cannot be read, or
     whose files no longer back it (a result's samples lost, cut short, torn or duplicated; a
     model's files missing or changed since its marker was written), so that the job that
     writes it runs again (an evaluation resumes from its complete samples, a training from its
     checkpoints); one message per file, naming it, the problem and where it went. The file is
-    kept, never deleted."""
+    kept, never deleted. Without ``apply`` (a dry run) nothing moves: the messages say what a
+    run would do."""
     import json
 
     from setdlm.util.files import move_aside
@@ -384,6 +385,12 @@ def set_aside_unreadable(plan: Plan) -> list[str]:
         else:
             kind, problem = "changed model", _changed_model_files(path, value)
         if problem is None:
+            continue
+        if not apply:
+            messages.append(
+                f"{path}: {kind} ({problem}); a run (not this dry run) moves it aside and runs "
+                "the job that writes it again"
+            )
             continue
         aside = move_aside(path, "unreadable")
         messages.append(
@@ -431,11 +438,11 @@ def _changed_model_files(marker: Path, checkpoint: dict) -> str | None:
     return None
 
 
-def resync_lost_store(plan: Plan, environ) -> list[str]:
+def resync_lost_store(plan: Plan, environ, apply: bool = True) -> list[str]:
     """When the local SQLite store the sync marker vouches for is gone, not a database,
     corrupted or half-migrated, remove the marker, so that the sync runs again (it creates, or
     rebuilds from the result files, the default store, and names any other). A server is not
-    checked here: the sync itself reports it."""
+    checked here: the sync itself reports it. Without ``apply`` nothing is removed."""
     from setdlm.tracking.store import file_problem, sqlite_path
 
     marker = Path(plan.run) / "mlflow.synced"
@@ -445,11 +452,13 @@ def resync_lost_store(plan: Plan, environ) -> list[str]:
     problem = file_problem(database)
     if problem is None:
         return []
+    if not apply:
+        return [f"{database} is {problem}: a run (not this dry run) syncs the results again"]
     marker.unlink()
     return [f"{database} is {problem}: syncing the results into MLflow again"]
 
 
-def rebuild_after_losses(plan: Plan) -> list[str]:
+def rebuild_after_losses(plan: Plan, apply: bool = True) -> list[str]:
     """When planned results or model markers are missing while outputs built from them exist,
     remove those outputs (the tables and figures of the tasks concerned, the MLflow sync
     marker: all rebuilt from the result files), so that the jobs writing the missing files run
@@ -457,7 +466,8 @@ def rebuild_after_losses(plan: Plan) -> list[str]:
 
     Snakemake itself reruns nothing when an intermediate file is gone but the final outputs
     are present ("Nothing to be done"), which left lost results lost and the tables showing
-    them. Returns one message, or none when nothing was lost.
+    them. Returns one message, or none when nothing was lost. Without ``apply`` (a dry run)
+    nothing is removed and the message says what a run would recompute.
     """
     markers = {plan.model_marker(name): name for name in plan.trained}
     markers |= {plan.model_marker(name, domain): name for name, domain in plan.fetched}
@@ -484,6 +494,12 @@ def rebuild_after_losses(plan: Plan) -> list[str]:
     present = [path for path in built if Path(path).is_file()]
     if not present:
         return []  # nothing built from them yet (a first or an interrupted run)
+    if not apply:
+        return [
+            f"{len(missing)} result file(s) are missing (e.g. {missing[0]}): a run (not this dry "
+            f"run) computes them again, and rebuilds the {len(present)} table, figure and MLflow "
+            "file(s) built from them; this dry run's job list leaves them out"
+        ]
     for path in present:
         Path(path).unlink()
     return [
