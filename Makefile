@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 
-.PHONY: install run reference test test-fast lint bench clean
+.PHONY: install run check reference reference-models test test-fast lint bench clean
 
 install: $(STAMP)
 
@@ -41,6 +41,27 @@ reference: run
 	cp -r results/tables/tiny $(REFERENCE)/tables
 	cp -r results/figures/tiny $(REFERENCE)/figures
 	@echo "$(REFERENCE) now holds this run's tables and figures; review git diff, then commit"
+
+# The CI regression check of the decoder (a few minutes, no training, no network): the
+# default's evaluation points decoded with the committed reference models
+# (results/reference/models/) against results/baselines/decoding.json.
+check: $(STAMP)
+	$(BIN)/setdlm check-decoding
+
+# The reference models the default evaluates, trained from scratch by the same DAG with the
+# default's recipe (the overlay turns the reuse off and records learning curves), then copied
+# into results/reference/models/ with the learning-curve table and figure beside them. Commit
+# them with the change that explains the difference; `make check` needs a new baseline after
+# (setdlm check-decoding --write).
+REFERENCE_MODELS := results/reference/models
+TRAIN_RUN := results/runs/tiny-train
+reference-models: $(STAMP)
+	$(BIN)/snakemake --profile workflows/profiles/local all_models learning_curves \
+	    --configfile workflows/config/tiny.yaml workflows/config/tiny-train.yaml
+	$(BIN)/setdlm export-references $(TRAIN_RUN)/models --out $(REFERENCE_MODELS)
+	mkdir -p $(REFERENCE)/learning-curves
+	$(BIN)/setdlm report curves $(REFERENCE_MODELS) --tables $(REFERENCE)/learning-curves \
+	    --figures $(REFERENCE)/learning-curves
 
 # pytest exits 5 when it collects no tests: that is a broken suite, not a pass.
 test: $(STAMP)

@@ -460,6 +460,22 @@ PASSTHROUGH = {
     "report": ("setdlm.report:main", "tables and Pareto figures from the result files"),
     "check": ("setdlm.report:check_main", "compare results with a committed baseline"),
     "compare": ("setdlm.report.compare:main", "do two runs of one configuration agree exactly"),
+    "check-decoding": (
+        "setdlm.report.decoding_check:main",
+        "decode the default's points with the reference models against a baseline (make check)",
+    ),
+    "export-references": (
+        "setdlm.workflow.train:export_main",
+        "copy a run's trained models into the reference folder (make reference-models)",
+    ),
+    "analyze-errors": (
+        "setdlm.recipes.error_analysis:main",
+        "where an arithmetic model goes wrong: errors by the role of the token",
+    ),
+    "aggregate": (
+        "setdlm.eval.seeds:main",
+        "a point's per-seed results into its metrics.json (mean, two-level interval)",
+    ),
 }
 PASSTHROUGH_HELP = {name: help_text for name, (_, help_text) in PASSTHROUGH.items()}
 

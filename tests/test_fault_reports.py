@@ -64,6 +64,7 @@ def test_an_unreadable_result_is_named_and_set_aside_to_be_recomputed(tmp_path):
     plan = SimpleNamespace(
         all_metrics=lambda: [str(good), str(garbage), str(wrong), str(tmp_path / "d.json")],
         model_markers=lambda: [str(marker)],
+        seed_metrics=lambda: [],
     )
     messages = set_aside_unreadable(plan)
     assert len(messages) == 3 and good.exists()
@@ -100,6 +101,7 @@ def test_a_result_whose_samples_no_longer_back_it_is_set_aside(tmp_path):
     plan = SimpleNamespace(
         all_metrics=lambda: [str(tmp_path / name / "metrics.json") for name in cases],
         model_markers=lambda: [],
+        seed_metrics=lambda: [],
     )
     for name, samples in cases.items():
         (tmp_path / name).mkdir()
@@ -144,7 +146,9 @@ def test_a_model_whose_files_changed_after_its_marker_is_set_aside(tmp_path):
     for name in ("flipped", "truncated", "touched"):  # modified after the marker
         os.utime(weights[name], ns=(later, later))
     plan = SimpleNamespace(
-        all_metrics=lambda: [], model_markers=lambda: [str(m) for m in markers.values()]
+        all_metrics=lambda: [],
+        model_markers=lambda: [str(m) for m in markers.values()],
+        seed_metrics=lambda: [],
     )
     messages = set_aside_unreadable(plan)
     assert len(messages) == 3  # the same bytes with a new time are the same model

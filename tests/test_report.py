@@ -192,8 +192,9 @@ def tables(run_dir, tmp_path_factory) -> Path:
 
 
 def test_every_table_in_three_formats_with_the_numbers_of_metrics_json(run_dir, tables):
+    # the arithmetic table comes with its claims table (paired comparisons, issue 24)
     assert sorted(p.name for p in tables.iterdir()) == sorted(
-        f"{name}.{suffix}" for name in TABLE_FILES for suffix in ("md", "csv", "tex")
+        f"{name}.{suffix}" for name in (*TABLE_FILES, "claims") for suffix in ("md", "csv", "tex")
     )
     finished = sorted(p.parent.relative_to(run_dir) for p in run_dir.glob("*/*/*/metrics.json"))
     shown = []
@@ -518,8 +519,8 @@ def test_the_baseline_records_deterministic_metrics_exactly_and_no_timings(run_d
     assert gsm8k["quality.paper_exact.value"] == {
         "value": paper_exact["value"],
         "tolerance": 0,
-        # another CPU trains another model: the intervals, or the measured training spread
-        "across_numerics": {"statistical": True, "training_spread": 0.6},
+        # on another CPU: the two intervals (no blanket factor for a model the run trains)
+        "across_numerics": {"statistical": True},
         "bootstrap_95": paper_exact["bootstrap_95"],
     }
     for key in ("nfe_total", "parallelism_mean", "generated_tokens", "positions_per_token"):
@@ -628,26 +629,28 @@ def test_other_numerics_are_held_to_the_statistical_and_declared_tolerances(
     assert "examples" in capsys.readouterr().out
 
 
-def test_a_model_trained_by_the_run_is_held_to_the_training_spread_on_another_cpu(
+def test_no_blanket_factor_widens_a_trained_models_tolerance_on_another_cpu(
     run_copy, baseline, capsys
 ):
-    """Another CPU trains another model (seed-like spread, measured): only a collapse of its
-    accuracy fails there; its NFE and parallelism keep their 10 %."""
+    """Issue 24: a model trained by the run is held to the statistical rule on another CPU like
+    any other (its interval, and the seed spread when it has seeds), with no blanket training
+    factor: a value inside the intervals passes, one beyond them fails (this point has two
+    problems, so its intervals are wide: 1.5 is beyond them)."""
     point = "gsm8k/setdlm-smax8/tau-0.5"
     recorded = json.loads(baseline.read_text())["points"][point]["metrics"]
     rule = recorded["quality.strict_match.value"]["across_numerics"]
-    assert rule == {"statistical": True, "training_spread": 0.6}
+    assert rule == {"statistical": True}
 
-    def other_training(by: float):
+    def other_cpu_by(by: float):
         def edit(metrics):
             _other_cpu(metrics)
             metrics["quality"]["strict_match"]["value"] += by
 
         return edit
 
-    _edit(run_copy, point, other_training(0.5))
+    _edit(run_copy, point, other_cpu_by(0.0))
     assert _check("--baseline", baseline, run_copy) == 0
-    _edit(run_copy, point, other_training(0.2))  # 0.7 in all: more than the spread
+    _edit(run_copy, point, other_cpu_by(1.5))
     assert _check("--baseline", baseline, run_copy) == 1
     assert "quality.strict_match.value" in capsys.readouterr().out
 
@@ -705,7 +708,7 @@ def test_write_round_trip_keeps_declared_tolerances(run_copy, baseline, capsys):
     assert metrics["quality.rouge1.value"] == {
         "value": 0.0,
         "tolerance": 0.01,  # declared by hand: kept
-        "across_numerics": {"statistical": True, "training_spread": 0.6},
+        "across_numerics": {"statistical": True},
         "bootstrap_95": rouge1["bootstrap_95"],
     }
     assert "quality.has_boxed.value" not in rewritten["gsm8k/mdlm/default"]["metrics"]

@@ -423,3 +423,37 @@ def test_loss_drops_on_real_wikitext(tmp_path):
     load_weights(ema_model, result.checkpoint_path)
     assert heldout_loss(ema_model) < before - 1.0
     assert log[-1]["tokens"] == 200 * 16 * 64
+
+
+# --- learning curves ----------------------------------------------------------------------
+
+
+class _RandomProbe:
+    """A probe that draws from the global RNG and runs the model, as a decoding may."""
+
+    every = 3
+
+    def __init__(self):
+        self.seen = []
+
+    def measure(self, model, step):
+        assert not model.training and not torch.is_grad_enabled()
+        self.seen.append(step)
+        noise = torch.rand(4)  # would shift the next updates' draws if not restored
+        batch = torch.randint(0, VOCAB, (2, LENGTH))
+        logits = model.logits(batch[:, :-1])
+        return {"accuracy": float(noise.mean()), "logit_mean": float(logits.mean())}
+
+
+def test_a_learning_curve_changes_no_weight(tmp_path, dataset):
+    """Probing every 3 steps (EMA weights in, RNG draws, eval mode) leaves the run bitwise the
+    run without probes; probes.jsonl gets a line per probe and the last step."""
+    plain = tiny_model()
+    train(plain, dataset, config(), tmp_path / "plain", progress=False)
+    probed, probe = tiny_model(), _RandomProbe()
+    result = train(probed, dataset, config(), tmp_path / "probed", progress=False, probe=probe)
+    assert_same_tensors(dict(plain.state_dict()), dict(probed.state_dict()))
+    assert probed.training and probe.seen == [3, 6, 8]
+    lines = read_log(tmp_path / "probed" / "probes.jsonl")
+    assert [line["step"] for line in lines] == [3, 6, 8] and "accuracy" in lines[0]
+    assert lines[-1]["loss"] == result.final_loss

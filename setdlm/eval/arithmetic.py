@@ -21,9 +21,8 @@ import hashlib
 import random
 from dataclasses import dataclass
 
-from setdlm.eval.gsm8k import Problem
+from setdlm.eval.problem import Problem
 
-GENERATOR_VERSION = "arithmetic-2"
 SPLITS = ("train", "test")
 NAMES = (
     "Ada", "Ben", "Cleo", "Dev", "Eva", "Finn", "Gus", "Hana", "Ivo", "Jun", "Kai", "Lea",
@@ -32,9 +31,46 @@ OBJECTS = (
     "apples", "books", "cards", "coins", "eggs", "marbles", "pens", "shells", "stamps",
     "stickers", "stones", "tickets",
 )  # fmt: skip
-MAX_START = 30  # the first count: one or two digits
-MAX_VALUE = 49  # every count stays in 1..49
-MAX_DOUBLED = 40  # "doubles" only where the result stays small
+MULTIPLIED = {2: "doubles", 3: "triples"}
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """One version of the generator: the problems' numbers, operations and number of steps.
+    A version's problems never change; a harder task is a new version beside the old ones."""
+
+    version: str
+    start: tuple[int, int]  # the first count, inclusive bounds
+    max_value: int  # every count stays in 1..max_value
+    max_amount: int  # "gets N more" and "gives N" draw N from 1..max_amount
+    multipliers: tuple[tuple[int, int], ...]  # (factor, the largest count it may produce)
+    steps: tuple[int, ...]  # how many operations a problem has, drawn uniformly
+    # A "+" or "*" step is written with its operands in either order ("3 + 15 = 18" as well as
+    # "15 + 3 = 18"), a fair coin each: both are correct, so a model is unsure which operand a
+    # line starts with, and two positions decoded in one step can disagree ("15 + 15 = 18").
+    either_order: bool = False
+
+    def describe(self) -> str:
+        factors = ", ".join(f"x{factor} to at most {limit}" for factor, limit in self.multipliers)
+        steps = "/".join(map(str, self.steps))
+        return (
+            f"{self.version}: start {self.start[0]}-{self.start[1]}, counts 1-{self.max_value}, "
+            f"+/- 1-{self.max_amount}, {factors}; {steps} steps"
+        )
+
+
+GRAMMARS = {
+    grammar.version: grammar
+    for grammar in (
+        # the first default: one-digit amounts and doubling, a table of sums a 2-layer model
+        # learns completely (about 100 % once converged: no headroom for tau to cost accuracy)
+        Grammar("arithmetic-2", (2, 30), 49, 9, ((2, 40),), (2, 3)),
+        # two-digit counts and amounts, doubling and tripling, up to four steps
+        Grammar("arithmetic-3", (10, 99), 99, 19, ((2, 98), (3, 99)), (2, 3, 4)),
+    )
+}
+GENERATOR_VERSION = "arithmetic-2"  # the version a setting that names none means
+MAX_VALUE = GRAMMARS[GENERATOR_VERSION].max_value
 
 
 @dataclass(frozen=True)
@@ -54,24 +90,31 @@ class Operation:
             return f"{name} gets {self.amount} more {thing}."
         if self.symbol == "-":
             return f"{name} gives {self.amount} {thing} to {other}."
-        return f"Then the number of {thing} doubles."  # "*" is always "* 2" (_operation)
+        return f"Then the number of {thing} {MULTIPLIED[self.amount]}."
 
 
-def identity(split: str, count: int, seed: int) -> dict:
+def grammar(version: str) -> Grammar:
+    if version not in GRAMMARS:
+        raise ValueError(f"unknown arithmetic generator {version!r}; known: {', '.join(GRAMMARS)}")
+    return GRAMMARS[version]
+
+
+def identity(split: str, count: int, seed: int, version: str = GENERATOR_VERSION) -> dict:
     """What a set of problems is, for a result's configuration hash."""
-    return {"generator": GENERATOR_VERSION, "split": split, "count": count, "seed": seed}
+    return {"generator": grammar(version).version, "split": split, "count": count, "seed": seed}
 
 
-def generate(split: str, count: int, seed: int) -> list[Problem]:
+def generate(split: str, count: int, seed: int, version: str = GENERATOR_VERSION) -> list[Problem]:
     """``count`` problems of ``split`` ("train" or "test"), each question once. A question
     belongs to one split by its hash (``split_of``), so train and test never share one,
     whatever the counts; ``seed`` picks which problems of the split are drawn."""
     if split not in SPLITS:
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    rng = random.Random(f"{GENERATOR_VERSION}:{split}:{seed}")
+    rules = grammar(version)
+    rng = random.Random(f"{rules.version}:{split}:{seed}")
     problems, seen = [], set()
     while len(problems) < count:
-        question, answer = _problem(rng)
+        question, answer = _problem(rng, rules)
         if split_of(question) != split or question in seen:
             continue  # keeps the splits disjoint and each free of repeats
         seen.add(question)
@@ -92,36 +135,39 @@ def check_disjoint(train: list[Problem], test: list[Problem]) -> None:
         raise ValueError(f"{len(shared)} question(s) in both train and test, e.g. {min(shared)!r}")
 
 
-def _problem(rng: random.Random) -> tuple[str, str]:
+def _problem(rng: random.Random, rules: Grammar) -> tuple[str, str]:
     name, other = rng.sample(NAMES, 2)
     thing = rng.choice(OBJECTS)
-    value = rng.randint(2, MAX_START)
+    value = rng.randint(*rules.start)
     sentences = [f"{name} has {value} {thing}."]
     lines = []
-    for _ in range(rng.choice((2, 3))):
-        operation = _operation(rng, value)
+    for _ in range(rng.choice(rules.steps)):
+        operation = _operation(rng, value, rules)
         result = operation.apply(value)
         sentences.append(operation.sentence(name, thing, other))
-        lines.append(f"{value} {operation.symbol} {operation.amount} = {result}")
+        left, right = value, operation.amount
+        if rules.either_order and operation.symbol != "-" and rng.random() < 0.5:
+            left, right = right, left
+        lines.append(f"{left} {operation.symbol} {right} = {result}")
         value = result
     question = " ".join(sentences) + f" How many {thing} does {name} have?"
     return question, "\n".join([*lines, f"#### {value}"])
 
 
-def _operation(rng: random.Random, value: int) -> Operation:
-    """An operation on a one-digit amount that keeps the count in 1..MAX_VALUE: small enough
-    a table of sums for a 2-layer model to learn in minutes, still a chain of 2-3 steps."""
-    allowed = (
-        ("+", value < MAX_VALUE),
-        ("-", value > 1),
-        ("*", 2 * value <= MAX_DOUBLED),
-    )
-    symbol = rng.choice([symbol for symbol, ok in allowed if ok])
+def _operation(rng: random.Random, value: int, rules: Grammar) -> Operation:
+    """An operation that keeps the count in 1..max_value, drawn uniformly among those allowed
+    (the draws of arithmetic-2 are those of the first generator, so its problems are too)."""
+    allowed = [
+        ("+", None) if value < rules.max_value else None,
+        ("-", None) if value > 1 else None,
+        *[("*", factor) if factor * value <= top else None for factor, top in rules.multipliers],
+    ]
+    symbol, factor = rng.choice([choice for choice in allowed if choice is not None])
     if symbol == "+":
-        return Operation("+", rng.randint(1, min(9, MAX_VALUE - value)))
+        return Operation("+", rng.randint(1, min(rules.max_amount, rules.max_value - value)))
     if symbol == "-":
-        return Operation("-", rng.randint(1, min(9, value - 1)))
-    return Operation("*", 2)
+        return Operation("-", rng.randint(1, min(rules.max_amount, value - 1)))
+    return Operation("*", factor)
 
 
 def split_for_infilling(problem: Problem, step: int | None = None) -> tuple[str, str, str]:

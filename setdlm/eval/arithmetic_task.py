@@ -55,11 +55,13 @@ class ArithmeticSettings:
     variant: str = "solve"
     limit: int = 300  # test problems
     problem_seed: int = 0  # which test problems are drawn (the generator's seed)
+    generator: str = arithmetic.GENERATOR_VERSION  # the problems' grammar (arithmetic.GRAMMARS)
     max_new_tokens: int = 21  # solve: the budget after the prompt (the longest solution + EOS)
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
+        arithmetic.grammar(self.generator)
 
 
 class ArithmeticTask(Task):
@@ -68,11 +70,13 @@ class ArithmeticTask(Task):
         self.name = f"arithmetic-{settings.variant}"
 
     def settings(self) -> dict:
-        problems = arithmetic.identity("test", self.config.limit, self.config.problem_seed)
-        return asdict(self.config) | {"problems": problems}
+        config = self.config
+        problems = arithmetic.identity("test", config.limit, config.problem_seed, config.generator)
+        return asdict(config) | {"problems": problems}
 
     def examples(self, tokenizer, model) -> list[Example]:
-        problems = arithmetic.generate("test", self.config.limit, self.config.problem_seed)
+        config = self.config
+        problems = arithmetic.generate("test", config.limit, config.problem_seed, config.generator)
         bos, eos = model.config.bos_token_id, model.config.eos_token_id
         if bos is None or eos is None:
             raise SettingError(

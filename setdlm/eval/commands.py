@@ -270,6 +270,7 @@ def _run_point(args, loaded, tokenizer, threshold: float, out: Path, settings) -
                 variant=args.variant,
                 limit=args.limit,
                 problem_seed=args.problem_seed,
+                generator=args.generator,
                 max_new_tokens=args.max_new_tokens,
             )
         )

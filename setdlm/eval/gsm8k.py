@@ -31,6 +31,7 @@ from pathlib import Path
 from setdlm.core.decoding import DecodeConfig
 from setdlm.data.jsonl import read_jsonl
 from setdlm.eval.intervals import scored_means
+from setdlm.eval.problem import Problem
 from setdlm.eval.runner import Example, Task
 from setdlm.util.errors import DataError
 from setdlm.util.hub import load_hub_dataset
@@ -76,13 +77,6 @@ def get_protocol(name: str) -> Protocol:
 
 
 # --------------------------------------------------------------------------------------- data
-@dataclass(frozen=True)
-class Problem:
-    id: str  # "<split>-<row index>": stable across sources and limits
-    question: str
-    answer: str  # the reference solution, ending with "#### <number>"
-
-
 def load_gsm8k(split: str = "test", source: str = "auto", limit: int | None = None):
     """The problems of a split, in dataset order; ``limit`` keeps the first ones.
 

@@ -44,6 +44,7 @@ class TinySettings:
     batch_size: int = 16
     lr: float = 2e-3
     warmup_steps: int = 20
+    final_lr_fraction: float = 0.1  # the cosine schedule ends at this fraction of lr
     ema_decay: float = 0.98
     block_size: int = 4  # BD3LM S; SetDLM uses d = S and smax M = 2S (the paper's pairing)
     prompt_tokens: int = 16
@@ -52,13 +53,22 @@ class TinySettings:
     thresholds: tuple[float, ...] = (1e6, 0.5)
     seed: int = 0
     # What the model is trained on: WikiText-2 in chunks, or the synthetic arithmetic problems
-    # (setdlm/eval/arithmetic.py), ``problems`` of them, one per row.
+    # (setdlm/eval/arithmetic.py), ``problems`` of them from ``generator``, one per row, drawn
+    # with ``problem_seed`` (None: ``seed``, so that a seed then changes the problems too).
     corpus: str = "wikitext2"
     problems: int = 20000
+    generator: str = arithmetic.GENERATOR_VERSION
+    problem_seed: int | None = None
 
     def __post_init__(self):
         if self.corpus not in CORPORA:
             raise ValueError(f"corpus must be one of {CORPORA}, got {self.corpus!r}")
+        arithmetic.grammar(self.generator)  # an unknown version is an error here
+
+    @property
+    def problems_seed(self) -> int:
+        """The seed the training problems are drawn with."""
+        return self.seed if self.problem_seed is None else self.problem_seed
 
 
 def model_config(family: str, tokenizer, settings: TinySettings) -> ModelConfig:
@@ -120,7 +130,9 @@ def run_tiny(
 def corpus_documents(settings: TinySettings) -> list[str]:
     """The training documents of the settings' corpus."""
     if settings.corpus == "arithmetic":
-        problems = arithmetic.generate("train", settings.problems, settings.seed)
+        problems = arithmetic.generate(
+            "train", settings.problems, settings.problems_seed, settings.generator
+        )
         return [f"{problem.question}\n{problem.answer}" for problem in problems]
     return load_wikitext2().train
 
@@ -128,7 +140,9 @@ def corpus_documents(settings: TinySettings) -> list[str]:
 def corpus_identity(settings: TinySettings) -> dict:
     """What the training data is, for the model's identity."""
     if settings.corpus == "arithmetic":
-        return arithmetic.identity("train", settings.problems, settings.seed)
+        return arithmetic.identity(
+            "train", settings.problems, settings.problems_seed, settings.generator
+        )
     return {"wikitext2": sha256_file(data_path("wikitext2", "wiki.test.raw"))}
 
 
@@ -207,7 +221,7 @@ def tiny_train_config(settings: TinySettings) -> TrainConfig:
         lr=settings.lr,
         warmup_steps=settings.warmup_steps,
         schedule="cosine",
-        final_lr_fraction=0.1,
+        final_lr_fraction=settings.final_lr_fraction,
         ema_decay=settings.ema_decay,
         checkpoint_every=max(1, settings.steps // 4),
         log_every=10,

@@ -40,7 +40,19 @@ def main(argv: list[str] | None = None) -> int:
             action="store_true",
             help="write even when the run has no finished result (the published numbers only)",
         )
+    curves = commands.add_parser(
+        "curves", help="learning curves (accuracy and loss along training, a line per seed)"
+    )
+    curves.add_argument("models", type=Path, help="a models folder (results/runs/<name>/models)")
+    curves.add_argument("--tables", type=Path, required=True, help="folder of the tables")
+    curves.add_argument("--figures", type=Path, required=True, help="folder of the figure")
     args = parser.parse_args(argv)
+    if args.what == "curves":
+        from setdlm.report.curves import write_curves
+
+        for path in write_curves(args.models, args.tables, args.figures):
+            print(path)
+        return 0
     try:
         results = load_results(args.run_dir)
     except (FileNotFoundError, ResultError) as error:

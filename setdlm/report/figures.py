@@ -4,7 +4,9 @@ Each figure has two panels with the same quality axis (GSM8K accuracy, ROUGE-L, 
 tokens per second and against the parallelism factor (tokens committed per step). One curve
 per family and size, its points in sweep order (τ from large to small), each with its 95 %
 bootstrap interval as an error bar where the evaluation recorded one, and its τ beside it
-unless that label would overprint another (the tables list every τ). GSM8K also draws the
+unless that label would overprint another (the tables list every τ). A model trained once per
+seed is drawn as the mean over its seeds (bold, with the two-level interval) and each seed's
+own curve faint behind it. GSM8K also draws the
 published curves (SPEC 6.1) dashed, where some point is comparable with them (a published
 checkpoint, the paper's protocol, the whole test set). SetDLM-smax2S and BD3LM-S (the
 paper's pairing, SPEC 3.7) get the same shade of their family's colour. A model decoding with
@@ -130,9 +132,22 @@ def our_curves(points: list[ResultPoint], spec: FigureSpec) -> list[Curve]:
                 "y": None if value is None else value * spec.scale,
                 "low": None if low is None else low * spec.scale,
                 "high": None if high is None else high * spec.scale,
+                "seeds": [_seed_point(seed, spec) for seed in point.seeds],
             }
         )
     return list(curves.values())
+
+
+def _seed_point(seed: dict, spec: FigureSpec) -> dict:
+    """One training seed's point: its own quality and speed (a faint line of its own)."""
+    value = (seed.get("quality") or {}).get(spec.metric)
+    speed = seed.get("speed") or {}
+    return {
+        "seed": seed["seed"],
+        "tokens_per_second": speed.get("tokens_per_second_mean"),
+        "parallelism": speed.get("parallelism_mean"),
+        "y": None if value is None else value * spec.scale,
+    }
 
 
 def published_curves(task: str, points: list[ResultPoint]) -> list[Curve]:
@@ -198,7 +213,20 @@ def _draw_curve(ax, curve: Curve, x_key: str) -> bool:
     if curve.published:
         ax.plot(xs, ys, curve.style, color=curve.color, markerfacecolor="none", label=curve.label)
         return True
-    ax.plot(xs, ys, curve.style, color=curve.color, label=curve.label, markersize=4)
+    seeds = sorted({seed["seed"] for p in shown for seed in p.get("seeds", [])})
+    for number in seeds:  # each training seed faint, the mean over seeds bold
+        own = [s for p in shown for s in p["seeds"] if s["seed"] == number]
+        own = [s for s in own if s[x_key] is not None and s["y"] is not None]
+        ax.plot(
+            [s[x_key] for s in own],
+            [s["y"] for s in own],
+            curve.style[:-1] or "-",
+            color=curve.color,
+            alpha=0.25,
+            linewidth=0.8,
+        )
+    label = curve.label + (f" (mean of {len(seeds)} seeds)" if seeds else "")
+    ax.plot(xs, ys, curve.style, color=curve.color, label=label, markersize=4, linewidth=2)
     bars = [p for p in shown if p.get("low") is not None and p.get("high") is not None]
     if bars:
         ax.errorbar(

@@ -75,7 +75,7 @@ def _rouge(names) -> tuple[Metric, ...]:
     return tuple(Metric(name, labels[name], scale=100.0, interval=True) for name in names)
 
 
-INTERVALS = "[low, high]: the 95 % bootstrap interval over examples (1000 seeded resamples)."
+INTERVALS = "[low, high]: a 95 % interval (how it was computed: the interval note)."
 ROUGE_UNITS = "Units: ROUGE F1 × 100; " + INTERVALS
 GSM8K = TableSpec(
     "gsm8k_pareto",
@@ -185,11 +185,116 @@ TRACE_COLUMNS = [Column("point", "point", csv_only=True), Column("config_hash", 
 
 
 def build_tables(results: Results, names=TABLES) -> list[Table]:
+    """Each table, followed by its per-seed companion where its points aggregate seeds."""
     builders = {"gsm8k": gsm8k_table, "likelihood": likelihood_table}
-    return [
-        builders[name](results) if name in builders else decoding_table(SPECS[name], results)
-        for name in names
+    tables = []
+    for name in names:
+        table = (
+            builders[name](results) if name in builders else decoding_table(SPECS[name], results)
+        )
+        tables.append(table)
+        spec = LIKELIHOOD if name == "likelihood" else SPECS[name]
+        points = _points_of(spec, results)
+        if any(p.seeds for p in points):
+            tables.append(seeds_table(spec, points, table.title))
+        if name == "arithmetic":
+            from setdlm.report.claims import claims_table
+
+            tables.append(claims_table(results))
+    return tables
+
+
+def _points_of(spec: TableSpec, results: Results) -> list[ResultPoint]:
+    if spec is LIKELIHOOD:
+        return [p for p in results.points if p.task.startswith("likelihood-")]
+    return [p for task in spec.tasks for p in results.for_task(task)]
+
+
+SEED_COLUMNS = [
+    Column("seed", "seed", 0),
+]
+SEED_SPEED_COLUMNS = [
+    Column("parallelism", "parallelism", 2),
+    Column("nfe", "NFE", 1),
+    Column("tokens_per_second", "tok/s", 2),
+]
+
+
+def seeds_table(spec: TableSpec, points: list[ResultPoint], title: str) -> Table:
+    """One row per point and training seed: the values the seeded rows' means are made of."""
+    seeded = [p for p in points if p.seeds]
+    task_column = [Column("task", "task")] if len({p.task for p in seeded}) > 1 else []
+    metrics = [m for m in spec.metrics if any(m.name in p.metrics["quality"] for p in seeded)]
+    columns = (
+        task_column
+        + [
+            Column("model", "model"),
+            Column("policy", "policy"),
+            Column("tau", "τ", show=format_tau),
+        ]
+        + SEED_COLUMNS
+        + [Column(m.name, m.label, m.digits) for m in metrics]
+        + SEED_SPEED_COLUMNS
+        + TRACE_COLUMNS
+    )
+    rows = []
+    for point in seeded:
+        for seed in point.seeds:
+            quality, speed = seed.get("quality", {}), seed.get("speed", {})
+            rows.append(
+                {
+                    "task": point.task,
+                    "model": point.model,
+                    "policy": point.policy_name,
+                    "tau": point.tau,
+                    "seed": seed["seed"],
+                    **{m.name: _scaled(quality.get(m.name), m.scale) for m in metrics},
+                    "parallelism": speed.get("parallelism_mean"),
+                    "nfe": speed.get("nfe_mean"),
+                    "tokens_per_second": speed.get("tokens_per_second_mean"),
+                    "point": f"{point.key}/{seed['folder']}",
+                    "config_hash": seed.get("config_hash"),
+                }
+            )
+    spreads = [
+        f"{p.key} {m.label} {_scaled(entry['seed_std'], m.scale):.2f}"
+        for p in seeded
+        for m in metrics
+        if (entry := p.metrics["quality"].get(m.name)) and entry.get("seed_std") is not None
     ]
+    notes = [
+        f"The per-seed values behind '{title}': each row is one training seed's model "
+        "evaluated at the point; the main table shows their mean with a two-level interval. "
+        "Units as there.",
+        "Seed spread (standard deviation over seeds, in the column's unit): "
+        + "; ".join(spreads)
+        + ".",
+    ]
+    return Table(f"{spec.key}_seeds", f"{title}: every seed", columns, rows, notes)
+
+
+def interval_note(points: list[ResultPoint]) -> str:
+    """How the rows' intervals were computed: over seeds and examples, or examples only."""
+    seeded = [p for p in points if p.seeds]
+    single = [p for p in points if not p.seeds]
+    parts = []
+    if seeded:
+        counts = sorted({len(p.seeds) for p in seeded})
+        seeds = sorted({s["seed"] for p in seeded for s in p.seeds})
+        parts.append(
+            f"rows over {'/'.join(map(str, counts))} training seeds ({', '.join(map(str, seeds))})"
+            ": the mean over the seeds, and a two-level bootstrap interval (2000 seeded "
+            "resamples of the seeds, then of the examples within each seed), so the interval "
+            "holds the spread between trainings as well as between examples; each seed's "
+            "values are in the '_seeds' table"
+        )
+    if single:
+        parts.append(
+            "rows of one model: the 95 % bootstrap interval over examples (1000 seeded "
+            "resamples), which ignores seed variance (another training of the same recipe "
+            "can land outside it; train.seeds trains several)"
+        )
+    return "Intervals: " + "; ".join(parts) + "."
 
 
 def write_tables(results: Results, out_dir: str | Path, names=TABLES) -> list[Path]:
@@ -220,7 +325,7 @@ def decoding_table(spec: TableSpec, results: Results) -> Table:
         + TRACE_COLUMNS
     )
     rows = [_decoding_row(p, spec) for p in points]
-    notes = [spec.units, SPEED_NOTE, *_result_notes(points, spec, results)]
+    notes = [spec.units, interval_note(points), SPEED_NOTE, *_result_notes(points, spec, results)]
     notes += [*policy_notes(points), *aup_notes(points), NO_PUBLISHED]
     return Table(spec.key, spec.title, columns, rows, notes)
 
@@ -259,6 +364,7 @@ def _identity_columns() -> list[Column]:
         Column("policy", "policy"),
         Column("tau", "τ", show=format_tau),
         Column("examples", "examples", 0),
+        Column("seeds", "seeds", 0),
     ]
 
 
@@ -286,6 +392,7 @@ def _decoding_row(point: ResultPoint, spec: TableSpec) -> dict:
         "policy": point.policy_name,
         "tau": point.tau,
         "examples": point.metrics.get("examples"),
+        "seeds": len(point.seeds) or 1,
         **{m.name: m.cell(point) for m in spec.metrics},
         "tokens_per_second": None if mean is None else (mean, speed.get("tokens_per_second_std")),
         "tokens_per_second_median": (

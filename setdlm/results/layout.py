@@ -114,8 +114,21 @@ TABLE_FILES = {
 FIGURE_FORMATS = ("png", "pdf")
 
 
-def table_files(folder: str, table: str) -> list[str]:
-    return [f"{folder}/{TABLE_FILES[table]}.{fmt}" for fmt in TABLE_FORMATS]
+# Written with the arithmetic table: the paper's comparisons as paired differences.
+CLAIMS_FILE = "claims"
+# A table whose rows aggregate training seeds has a companion with every seed's values.
+SEEDS_SUFFIX = "_seeds"
+
+
+def table_files(folder: str, table: str, seeded: bool = False) -> list[str]:
+    """The files of a paper table: its own, its per-seed companion (``seeded``: some of its
+    rows aggregate seeds), and for the arithmetic table the claims table."""
+    stems = [TABLE_FILES[table]]
+    if seeded:
+        stems.append(TABLE_FILES[table] + SEEDS_SUFFIX)
+    if table == "arithmetic":
+        stems.append(CLAIMS_FILE)
+    return [f"{folder}/{stem}.{fmt}" for stem in stems for fmt in TABLE_FORMATS]
 
 
 def figure_files(folder: str, task: str) -> list[str]:

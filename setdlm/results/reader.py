@@ -63,6 +63,8 @@ class ResultPoint:
     throughput: dict | None = field(default=None, repr=False, compare=False)
     # what `setdlm train` (or the fetch) recorded about the checkpoint, when found
     checkpoint: dict | None = field(default=None, repr=False, compare=False)
+    # one training seed's result inside a point that aggregates seeds (<point>/seed-<k>/)
+    seed: int | None = None
 
     @property
     def key(self) -> str:
@@ -71,6 +73,12 @@ class ResultPoint:
     @property
     def config(self) -> dict:
         return self.metrics.get("config", {})
+
+    @property
+    def seeds(self) -> list[dict]:
+        """Per training seed (an aggregate over seeds, setdlm/eval/seeds.py): each seed's
+        number, folder and values; empty for a point of one model."""
+        return list(self.metrics.get("seeds") or [])
 
     @property
     def config_hash(self) -> str:
@@ -151,8 +159,11 @@ def read_point(folder: Path, checked: bool = True) -> ResultPoint:
             f"{folder / 'metrics.json'}: not an evaluation's metrics (expected a 'quality' "
             "object, as `setdlm eval` writes)"
         )
+    seed = seed_of(folder)
     if checked:  # <run>/<task>/<model>/<point>
         config_name, task, model, point = folder.parts[-4:]
+    elif seed is not None:  # <run>/<task>/<model>/<point>/seed-<k>: one seed of a point
+        config_name, task, model, point = _place(folder.parent, metrics)
     else:
         config_name, task, model, point = _place(folder, metrics)
     config = metrics.get("config") or {}
@@ -174,7 +185,10 @@ def read_point(folder: Path, checked: bool = True) -> ResultPoint:
     throughput_path = folder / "throughput.json"
     throughput = read_json(throughput_path) if throughput_path.is_file() else None
     source = str(config.get("model_source") or "")
-    models = folder.parents[2] / MODELS_FOLDER / model if config_name else None
+    place = folder.parent if seed is not None else folder
+    models = place.parents[2] / MODELS_FOLDER / model if config_name else None
+    if models is not None and seed is not None:
+        models = models / folder.name
     return ResultPoint(
         folder,
         config_name,
@@ -188,7 +202,16 @@ def read_point(folder: Path, checked: bool = True) -> ResultPoint:
         metrics,
         throughput,
         checkpoint_marker(source, models),
+        seed,
     )
+
+
+def seed_of(folder: Path) -> int | None:
+    """The training seed of a ``seed-<k>`` result folder inside a point, else None."""
+    name = folder.name
+    if name.startswith("seed-") and name[5:].isdigit():
+        return int(name[5:])
+    return None
 
 
 def read_json(path: Path, what: str = "") -> dict:

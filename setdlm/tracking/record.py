@@ -36,7 +36,7 @@ MAX_KEY_LENGTH = 250
 MAX_PARAM_LENGTH = 6000
 MAX_TAG_LENGTH = 8000
 # Bump when the mapping below changes, so finished runs are refreshed by the next sync.
-MAPPING_VERSION = "3"
+MAPPING_VERSION = "4"
 
 IDENTITY_TAG = "setdlm.config_hash"  # the run's identity: one run per config hash
 SYNCED_TAG = "setdlm.synced"  # written last: the fingerprint of what the run mirrors
@@ -78,6 +78,9 @@ class RunRecord:
     sweep: str
     start_ms: int | None  # the evaluation's own start and end (ms since the epoch)
     end_ms: int | None
+    # one training seed of a point that aggregates seeds: the config hash of the point's own
+    # run (the aggregate), which is this run's parent
+    parent_hash: str | None = None
 
 
 def run_record(point: ResultPoint) -> RunRecord:
@@ -95,6 +98,12 @@ def run_record(point: ResultPoint) -> RunRecord:
         numbers |= paper_metrics
         tags |= paper_tags
     run_name = f"{point.model}/{point.point}"
+    parent_hash = None
+    if point.seed is not None:
+        run_name += f"/seed-{point.seed}"
+        aggregate = point.folder.parent / "metrics.json"
+        if aggregate.is_file():
+            parent_hash = json.loads(aggregate.read_text()).get("config_hash")
     # Names are not identities: this tag follows the folder if it is renamed.
     tags |= _tags(point) | {"mlflow.runName": run_name}
     if headline:
@@ -112,6 +121,7 @@ def run_record(point: ResultPoint) -> RunRecord:
         sweep=f"{point.config_name}/{point.task}/{_curve(point)}",
         start_ms=_milliseconds(times.get("started_at")),
         end_ms=_milliseconds(times.get("finished_at")),
+        parent_hash=parent_hash,
     )
 
 
@@ -162,6 +172,8 @@ def _params(point: ResultPoint) -> dict[str, str]:
         # same config shares it; checkpoint_sha256 below tells the weights apart.
         "checkpoint_config_hash": config_hash(model_config) if model_config else None,
         "seed": config.get("seed"),
+        # the training seed of this run's model (a point over seeds: "all"; None: one model)
+        "training_seed": point.seed if point.seed is not None else ("all" if point.seeds else None),
     }
     if point.checkpoint is not None:
         # A digest of every file's sha256 (weights, config, tokenizer) as `setdlm train`

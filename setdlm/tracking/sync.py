@@ -148,11 +148,21 @@ def _complete(client, run, record: RunRecord, experiment_id: str) -> None:
         client.log_artifact(run_id, str(path))
     if run.info.status != RunStatus.to_string(RunStatus.FINISHED):
         client.set_terminated(run_id, "FINISHED", end_time=record.end_ms)
-    parent = sweep_parent(client, experiment_id, record.sweep)
-    if run.data.tags.get(PARENT_TAG) != parent:
+    parent = run_parent(client, experiment_id, record)
+    if parent is not None and run.data.tags.get(PARENT_TAG) != parent:
         client.set_tag(run_id, PARENT_TAG, parent)
     supersede_others(client, experiment_id, record, run_id)
     client.set_tag(run_id, SYNCED_TAG, record.fingerprint)  # last: the run is now complete
+
+
+def run_parent(client, experiment_id: str, record: RunRecord) -> str | None:
+    """A point's parent is its sweep's run; one training seed's is its point's run (the
+    aggregate over the seeds, synced before it: its folder sorts first). None while that run
+    does not exist yet (the next sync nests it)."""
+    if record.parent_hash is None:
+        return sweep_parent(client, experiment_id, record.sweep)
+    point = find_run(client, experiment_id, record.parent_hash)
+    return None if point is None else point.info.run_id
 
 
 def sweep_parent(client, experiment_id: str, sweep: str) -> str:

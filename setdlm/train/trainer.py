@@ -24,7 +24,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from accelerate import Accelerator
@@ -39,6 +39,17 @@ from setdlm.util.files import atomic_write_json, atomic_write_text
 from setdlm.util.progress import progress_bar
 
 LOSSES_NAME = "losses.jsonl"
+PROBES_NAME = "probes.jsonl"
+
+
+class Probe(Protocol):
+    """A measurement taken along training (a learning curve): every ``every`` steps and at the
+    last one, ``measure(model, step)`` gets the model holding its EMA weights (the ones an
+    evaluation would load), in eval mode and without gradients, and returns a JSON-able dict."""
+
+    every: int
+
+    def measure(self, model: torch.nn.Module, step: int) -> dict[str, Any]: ...
 
 
 class NonFiniteLossError(UserError, FloatingPointError):
@@ -74,6 +85,7 @@ def train(
     *,
     accelerator: Accelerator | None = None,
     progress: bool = True,
+    probe: Probe | None = None,
 ) -> TrainResult:
     """Train ``model`` on ``dataset`` (a sequence of item dicts of (L,) tensors) for
     ``config.max_steps`` optimizer steps, writing checkpoints and ``losses.jsonl`` to ``out_dir``.
@@ -81,10 +93,15 @@ def train(
     With ``resume`` the newest checkpoint in ``out_dir`` is continued; without it an existing
     checkpoint is an error (nothing already computed is overwritten). A fresh run seeds torch's
     global RNG from ``config.seed``. ``model`` ends holding the raw (not EMA) weights.
+
+    ``probe`` adds a line to ``probes.jsonl`` every ``probe.every`` steps; it cannot change the
+    updates (the RNG states and the training weights are put back after it), so a run with a
+    probe ends with the same weights as one without.
     """
     out_dir = Path(out_dir)
     checkpoints_dir = out_dir / "checkpoints"
     losses_path = out_dir / LOSSES_NAME
+    probes_path = out_dir / PROBES_NAME
     run = TrainingRun.create(model, dataset, config, accelerator)
     accelerator = run.accelerator
 
@@ -102,6 +119,7 @@ def train(
     if accelerator.is_main_process:
         atomic_write_json(out_dir / "config.json", config.to_dict())
         _truncate_losses(losses_path, counters.step)
+        _truncate_losses(probes_path, counters.step)
 
     loss_module = accelerator.prepare_model(_LossForward(model))
     model.train()
@@ -147,6 +165,11 @@ def train(
                     }
                     _append_line(losses_path, record)
                     bar.set_postfix(loss=f"{counters.loss:.4f}", lr=f"{lr:.2e}")
+                if probe is not None and (counters.step % probe.every == 0 or is_last):
+                    measured = _measure(probe, run, model)
+                    if accelerator.is_main_process:
+                        record = {"step": counters.step, "loss": counters.loss, **measured}
+                        _append_line(probes_path, record)
                 stop = _preempted_anywhere(accelerator, preemption.raised)
                 if counters.step % config.checkpoint_every == 0 or is_last or stop:
                     run.save(checkpoints_dir)
@@ -164,6 +187,26 @@ def train(
         losses_path=losses_path,
         checkpoint_path=latest_checkpoint(checkpoints_dir),
     )
+
+
+def _measure(probe: Probe, run: TrainingRun, model: torch.nn.Module) -> dict[str, Any]:
+    """The probe on the EMA weights (the raw ones without an EMA), leaving the run as it was:
+    the global RNG states are restored, so the next update draws what it would have drawn."""
+    states = torch.random.get_rng_state(), _cuda_rng_states()
+    weights = run.ema.applied_to(model) if run.ema is not None else nullcontext(model)
+    try:
+        with weights, torch.no_grad():
+            model.eval()
+            return probe.measure(model, run.counters.step)
+    finally:
+        model.train()
+        torch.random.set_rng_state(states[0])
+        if states[1] is not None:
+            torch.cuda.set_rng_state_all(states[1])
+
+
+def _cuda_rng_states():
+    return torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
 
 
 def _preempted_anywhere(accelerator: Accelerator, raised: bool) -> bool:

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from setdlm.eval.arithmetic import GRAMMARS as ARITHMETIC_GRAMMARS
 from setdlm.families import FAMILIES, FAMILY_NAMES, MODEL_NAME_PATTERN, UnknownNameError
 from setdlm.families import family as family_info
 from setdlm.util.errors import UserError
@@ -39,6 +40,7 @@ def schema() -> dict:
     with open(SCHEMA_PATH, encoding="utf-8") as handle:
         loaded = yaml.safe_load(handle)
     loaded["$defs"]["model"]["properties"]["family"]["enum"] = list(FAMILY_NAMES)
+    loaded["$defs"]["generator"]["enum"] = list(ARITHMETIC_GRAMMARS)
     loaded["properties"]["models"]["propertyNames"]["pattern"] = MODEL_NAME_PATTERN
     return loaded
 
@@ -52,8 +54,12 @@ def node(pointer: str) -> dict:
 
 
 def resolved(value: dict) -> dict:
+    """A node with its ``$ref`` followed; keys beside the ``$ref`` (a default, a description
+    of this use) take precedence over the referenced node's."""
     ref = value.get("$ref")
-    return node(ref.removeprefix("#/")) if ref else value
+    if not ref:
+        return value
+    return {**node(ref.removeprefix("#/")), **{k: v for k, v in value.items() if k != "$ref"}}
 
 
 def expectation(rule: dict) -> str:

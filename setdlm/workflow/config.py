@@ -231,6 +231,20 @@ def train_settings(config: dict, name: str) -> dict:
     return {**config["train"], **config["models"][name].get("train", {})}
 
 
+# Train-block keys that say how many models to train and what to record along the way, not
+# how one model's weights come out (setdlm train hands the rest to TinySettings).
+NOT_A_TRAINING_SETTING = ("seeds", "curve")
+
+
+def model_seeds(config: dict, name: str) -> list[int] | None:
+    """The seeds of a model trained once per seed (``train.seeds``), or None: one model, its
+    folder models/<name>/ without a seed level (``train.seed``)."""
+    entry = config["models"][name]
+    if "train" not in entry:
+        return None
+    return train_settings(config, name).get("seeds")
+
+
 def resolved_train_settings(config: dict, name: str) -> dict:
     """``train_settings`` with the TinySettings defaults the checks and the plan read."""
     return {**TINY_DEFAULTS, **train_settings(config, name)}
@@ -271,6 +285,18 @@ def _model_errors(name: str, entry: dict, config: dict, published: dict) -> list
                 f"{origin('warmup_steps')}: {settings['warmup_steps']} warm-up steps exceed "
                 f"the {settings['steps']} training steps"
             )
+        if "seed" in settings and "seeds" in settings:
+            errors.append(
+                f"{origin('seeds')}: give `seed` (one model) or `seeds` (one model per seed), "
+                f"not both ({origin('seed')} is set too)"
+            )
+        if settings["corpus"] != "arithmetic":
+            for key in ("curve", "generator", "problem_seed"):
+                if key in settings:
+                    errors.append(
+                        f"{origin(key)}: only for arithmetic training (corpus: arithmetic), "
+                        f"but the corpus is {settings['corpus']}"
+                    )
     for domain, key in entry.get("checkpoint", {}).items():
         errors += _checkpoint_errors(f"{where}.checkpoint.{domain}", domain, key, entry, published)
     return errors

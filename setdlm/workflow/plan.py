@@ -12,6 +12,7 @@ with its ``.snakemake`` metadata changes no job's parameters.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from setdlm.workflow.config import (
     digest,
     load_published,
     model_policies,
+    model_seeds,
     resolve_key,
     resolved_train_settings,
     task_dataset,
@@ -46,6 +48,19 @@ from setdlm.workflow.config import (
     used_models,
     validate,
 )
+
+# A regex no model name matches (a rule's {model} wildcard when no model is of its kind).
+NO_NAME = "(?!)"
+SEED_FOLDER = "seed-{seed}"
+
+
+def seed_folder(seed: int) -> str:
+    """The folder of one seed's model or result: ``seed-<k>``."""
+    return SEED_FOLDER.format(seed=seed)
+
+
+# setdlm/report/curves.py's files: the summary table (and figure), and every probe
+CURVE_STEMS = ("learning_curves", "learning_curves_points")
 
 # Resources of a stage that neither the stage nor `resources.default` sets.
 BASE_RESOURCES = {"cpus": 1, "mem_mb": 4000, "runtime": 60, "gpus": 0}
@@ -64,6 +79,11 @@ class Point:
     args: tuple[str, ...]  # after `setdlm eval`
     inputs: dict[str, str]  # name -> file the job needs (model marker, data manifest, ...)
     config_hash: str
+    # A model trained once per seed: its point folder holds one result per seed
+    # (seed-<k>/, each its own evaluation) and metrics.json, their aggregate over the seeds;
+    # a point of one seed has ``seed`` set and ``seeds`` empty.
+    seeds: tuple[int, ...] = ()
+    seed: int | None = None
 
     @property
     def command(self) -> str:
@@ -77,8 +97,13 @@ class Plan:
     data_dir: Path | None  # where `dir` sources are copied from
     data: dict[str, dict] = field(default_factory=dict)  # dataset -> source identity
     trained: dict[str, str] = field(default_factory=dict)  # model -> config hash
+    # models trained once per seed: (model, seed) -> config hash (``trained`` holds the model's
+    # hash over all its seeds)
+    trained_seeds: dict[tuple[str, int], str] = field(default_factory=dict)
     fetched: dict[tuple[str, str], str] = field(default_factory=dict)  # (model, domain) -> hash
     points: dict[tuple[str, str, str], Point] = field(default_factory=dict)
+    # the evaluations of one seed of a seeded model: (task, model, point, seed) -> Point
+    seed_points: dict[tuple[str, str, str, int], Point] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)  # why some points are not in the DAG
 
     # ------------------------------------------------------------------------------ paths
@@ -102,9 +127,23 @@ class Plan:
         dataset = self.train_dataset(name)
         return [self.data_manifest(dataset)] if dataset else []
 
-    def model_marker(self, name: str, domain: str | None = None) -> str:
+    def model_marker(self, name: str, domain: str | None = None, seed: int | None = None) -> str:
         marker = "checkpoint.json" if domain is None else f"checkpoint-{domain}.json"
-        return f"{self.run}/models/{name}/{marker}"
+        return f"{self.model_folder(name, seed)}/{marker}"
+
+    def model_folder(self, name: str, seed: int | None = None) -> str:
+        seeded = f"/{seed_folder(seed)}" if seed is not None else ""
+        return f"{self.run}/models/{name}{seeded}"
+
+    def seeded_models(self) -> list[str]:
+        return sorted({name for name, _ in self.trained_seeds})
+
+    def model_wildcard(self, seeded: bool) -> str:
+        """The {model} wildcard of the rules for models trained once per seed (``seeded``) or
+        not: the names themselves, so that the two kinds of rules never claim one file."""
+        seeded_names = set(self.seeded_models())
+        names = sorted(name for name in self.config["models"] if (name in seeded_names) == seeded)
+        return "|".join(re.escape(name) for name in names) or NO_NAME
 
     def metrics(self, point: Point) -> str:
         return f"{point.folder}/metrics.json"
@@ -124,11 +163,19 @@ class Plan:
         return self.points[(task, model, point)]
 
     def all_metrics(self, tasks=None) -> list[str]:
+        """Every point's metrics.json (a seeded model's: the aggregate over its seeds)."""
         return [
             self.metrics(point)
             for (task, _, _), point in self.points.items()
             if tasks is None or task in tasks
         ]
+
+    def seed_metrics(self) -> list[str]:
+        """The metrics.json of every seed of every seeded point."""
+        return [self.metrics(point) for point in self.seed_points.values()]
+
+    def seed_point(self, task: str, model: str, point: str, seed: int) -> Point:
+        return self.seed_points[(task, model, point, seed)]
 
     def tables(self) -> dict[str, tuple[str, ...]]:
         """The paper tables some configured task feeds, with those tasks."""
@@ -140,7 +187,11 @@ class Plan:
         }
 
     def table_files(self, table: str) -> list[str]:
-        return table_files(self.tables_dir, table)
+        seeded = set(self.seeded_models())
+        has_seeds = any(
+            model in seeded for (task, model, _) in self.points if task in self.tables()[table]
+        )
+        return table_files(self.tables_dir, table, seeded=has_seeds)
 
     def figure_tasks(self) -> list[str]:
         """The decoding tasks configured: each gets a speed-quality figure."""
@@ -149,10 +200,34 @@ class Plan:
     def figure_files(self) -> list[str]:
         return [f for task in self.figure_tasks() for f in figure_files(self.figures_dir, task)]
 
-    def model_markers(self) -> list[str]:
-        return [self.model_marker(name) for name in self.trained] + [
-            self.model_marker(name, domain) for name, domain in self.fetched
+    def curve_models(self) -> list[str]:
+        """The models trained here with a learning curve (train.curve)."""
+        return [name for name in self.trained if train_settings(self.config, name).get("curve")]
+
+    def curve_files(self) -> list[str]:
+        """The learning-curve table and figure, when some model records a curve."""
+        if not self.curve_models():
+            return []
+        tables = [
+            f"{self.tables_dir}/{stem}.{fmt}" for stem in CURVE_STEMS for fmt in ("md", "csv")
         ]
+        return [*tables, f"{self.figures_dir}/{CURVE_STEMS[0]}.png"]
+
+    def curve_markers(self) -> list[str]:
+        seeds = {name: model_seeds(self.config, name) for name in self.curve_models()}
+        return [
+            self.model_marker(name, seed=seed)
+            for name, own in seeds.items()
+            for seed in (own or [None])
+        ]
+
+    def model_markers(self) -> list[str]:
+        seeded = set(self.seeded_models())
+        return (
+            [self.model_marker(name) for name in self.trained if name not in seeded]
+            + [self.model_marker(name, seed=seed) for name, seed in self.trained_seeds]
+            + [self.model_marker(name, domain) for name, domain in self.fetched]
+        )
 
     def resources(self, stage: str) -> dict[str, int]:
         configured = self.config["resources"]
@@ -181,6 +256,8 @@ def build(raw_config: dict, environ, log=None, source: str = "") -> Plan:
             settings = {**entry, "train": train_settings(config, name)}
             data = plan.data.get(plan.train_dataset(name))  # arithmetic: its settings say all
             plan.trained[name] = digest({"model": name, **settings, "data": data})
+            for seed in model_seeds(config, name) or ():
+                plan.trained_seeds[(name, seed)] = digest([plan.trained[name], seed])
     for task, settings in config["tasks"].items():
         for name in settings["models"]:
             _plan_model_points(plan, published, task, settings, name)
@@ -196,8 +273,9 @@ def _warn(message: str) -> None:
 def _plan_model_points(plan: Plan, published: dict, task: str, settings: dict, name: str):
     entry = plan.config["models"][name]
     inputs = {}
+    seeds = model_seeds(plan.config, name) or ()
     if "train" in entry:
-        model_arg = f"{plan.run}/models/{name}"
+        model_arg = plan.model_folder(name)
         inputs["model"] = plan.model_marker(name)
         model_identity = plan.trained[name]
     else:
@@ -239,17 +317,35 @@ def _plan_model_points(plan: Plan, published: dict, task: str, settings: dict, n
     for tau, policy in decodings:
         point = LIKELIHOOD_POINT if tau is None else point_name(tau, policy)
         folder = str(result_dir(plan.run, task, name, point))
-        args = eval_args(task, settings, override, plan, name, model_arg, folder, tau, policy)
         # the family's own policy adds nothing: the identities from before policies had names
         decoding = {"tau": tau} | ({"policy": policy} if policy else {})
+        config_hash = digest({**identity, **decoding})
+        if not seeds:
+            args = eval_args(task, settings, override, plan, name, model_arg, folder, tau, policy)
+            plan.points[(task, name, point)] = Point(
+                task, name, point, folder, args, inputs, config_hash
+            )
+            continue
+        per_seed = {}
+        for seed in seeds:
+            seed_dir = f"{folder}/{seed_folder(seed)}"
+            seed_inputs = {**inputs, "model": plan.model_marker(name, seed=seed)}
+            model_dir = plan.model_folder(name, seed)
+            args = eval_args(task, settings, override, plan, name, model_dir, seed_dir, tau, policy)
+            seed_hash = digest([config_hash, plan.trained_seeds[(name, seed)]])
+            per_seed[seed] = Point(
+                task, name, point, seed_dir, args, seed_inputs, seed_hash, seed=seed
+            )
+            plan.seed_points[(task, name, point, seed)] = per_seed[seed]
         plan.points[(task, name, point)] = Point(
-            task=task,
-            model=name,
-            point=point,
-            args=args,
-            folder=folder,
-            inputs=inputs,
-            config_hash=digest({**identity, **decoding}),
+            task,
+            name,
+            point,
+            folder,
+            ("aggregate", folder),
+            {f"seed{seed}": plan.metrics(p) for seed, p in per_seed.items()},
+            digest([p.config_hash for p in per_seed.values()]),
+            seeds=tuple(seeds),
         )
 
 
@@ -366,7 +462,7 @@ def set_aside_unreadable(plan: Plan, apply: bool = True) -> list[str]:
 
     from setdlm.util.files import move_aside
 
-    wanted = {path: "quality" for path in plan.all_metrics()}
+    wanted = {path: "quality" for path in [*plan.all_metrics(), *plan.seed_metrics()]}
     wanted |= {path: "files" for path in plan.model_markers()}
     messages = []
     for name, key in wanted.items():
@@ -407,8 +503,10 @@ def _incomplete_samples(metrics_path: Path, metrics: dict) -> str | None:
 
     expected = metrics.get("examples")
     samples = metrics_path.parent / "samples.jsonl"
-    if not isinstance(expected, int):
-        return None  # a result kind that does not count its examples
+    if not isinstance(expected, int) or "seeds" in metrics:
+        # a result kind that does not count its examples, or an aggregate over seeds (each
+        # seed's own result is checked)
+        return None
     if not samples.is_file():
         return f"{samples.name} is missing"
     records, _, dropped = SampleLog(samples).scan()
@@ -469,19 +567,27 @@ def rebuild_after_losses(plan: Plan, apply: bool = True) -> list[str]:
     them. Returns one message, or none when nothing was lost. Without ``apply`` (a dry run)
     nothing is removed and the message says what a run would recompute.
     """
-    markers = {plan.model_marker(name): name for name in plan.trained}
+    seeded = set(plan.seeded_models())
+    markers = {plan.model_marker(name): name for name in plan.trained if name not in seeded}
+    markers |= {plan.model_marker(name, seed=seed): name for name, seed in plan.trained_seeds}
     markers |= {plan.model_marker(name, domain): name for name, domain in plan.fetched}
     lost_models = {name for marker, name in markers.items() if not Path(marker).is_file()}
-    missing = [marker for marker, name in markers.items() if name in lost_models]
-    tasks = set()
+    missing = [marker for marker, name in markers.items() if not Path(marker).is_file()]
+    tasks, built = set(), []
     for (task, model, _), point in plan.points.items():
         if model in lost_models or not Path(plan.metrics(point)).is_file():
             tasks.add(task)
             if model not in lost_models:
                 missing.append(plan.metrics(point))
+    for (task, model, name, _), point in plan.seed_points.items():
+        if model in lost_models or not Path(plan.metrics(point)).is_file():
+            tasks.add(task)  # the aggregate over the seeds is built from it, like a table
+            built.append(plan.metrics(plan.point(task, model, name)))
+            if model not in lost_models:
+                missing.append(plan.metrics(point))
     if not missing:
         return []
-    built = [f"{plan.run}/mlflow.synced"]
+    built += [f"{plan.run}/mlflow.synced"]
     built += [
         f for table, of in plan.tables().items() if tasks & set(of) for f in plan.table_files(table)
     ]

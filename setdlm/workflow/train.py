@@ -33,7 +33,13 @@ from setdlm.train.preemption import EXIT_PREEMPTED, Preempted
 from setdlm.util.errors import ArgumentParser
 from setdlm.util.files import atomic_write_json, sha256_file
 from setdlm.util.scheduler import current_job
-from setdlm.workflow.config import WORKFLOW_DIR, load, train_settings
+from setdlm.workflow.config import (
+    NOT_A_TRAINING_SETTING,
+    WORKFLOW_DIR,
+    load,
+    model_seeds,
+    train_settings,
+)
 from setdlm.workflow.plan import code_version
 
 TRAINED_MARKER = "checkpoint.json"
@@ -46,6 +52,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, required=True, help="the model's folder")
     parser.add_argument("--domain", default=None, help="fetch only this domain's checkpoint")
     parser.add_argument("--work", type=Path, default=None, help="training state folder")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="which of the model's train.seeds to train (required when it has several)",
+    )
     args = parser.parse_args(argv)
 
     config = load(args.config, check_data=False)
@@ -58,9 +70,17 @@ def main(argv: list[str]) -> int:
     if "train" in entry:
         if args.domain:
             parser.error(f"--domain: {args.model} is trained here, not a published checkpoint")
-        work = args.work or args.out.parent / ".training" / args.model
+        seeds = model_seeds(config, args.model)
+        if seeds is not None and args.seed not in seeds:
+            parser.error(
+                f"--seed {args.seed}: {args.model} is trained once per seed of its train.seeds "
+                f"{seeds}; name one of them"
+            )
+        if seeds is None and args.seed is not None:
+            parser.error(f"--seed: {args.model} has no train.seeds (its one seed is train.seed)")
+        work = args.work or _work_folder(args.out, args.model, args.seed)
         try:
-            train_model(args.model, config, args.out, work)
+            train_model(args.model, config, args.out, work, seed=args.seed)
         except Preempted as stop:
             print(f"setdlm train: {stop}", file=sys.stderr, flush=True)
             return EXIT_PREEMPTED
@@ -73,16 +93,33 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def tiny_settings(config: dict, name: str):
-    """The model's TinySettings: the configuration's train settings, S or d as block size."""
+def _work_folder(out: Path, name: str, seed: int | None) -> Path:
+    """Where a model's training state lives: beside the models, hidden (one per seed)."""
+    if seed is None:
+        return out.parent / ".training" / name
+    return out.parent.parent / ".training" / f"{name}-seed-{seed}"
+
+
+def tiny_settings(config: dict, name: str, seed: int | None = None):
+    """The model's TinySettings: the configuration's train settings, S or d as block size,
+    and ``seed`` (one of train.seeds) as the training seed."""
     from setdlm.recipes.tiny import TinySettings
 
     entry = config["models"][name]
     block_size = entry.get("block_size") or entry.get("d") or TinySettings.block_size
-    return TinySettings(**train_settings(config, name), block_size=block_size)
+    settings = {
+        key: value
+        for key, value in train_settings(config, name).items()
+        if key not in NOT_A_TRAINING_SETTING
+    }
+    if seed is not None:
+        settings["seed"] = seed
+    return TinySettings(**settings, block_size=block_size)
 
 
-def train_model(name: str, config: dict, out: Path, work: Path, log=print) -> dict:
+def train_model(
+    name: str, config: dict, out: Path, work: Path, log=print, seed: int | None = None
+) -> dict:
     from dataclasses import asdict
 
     from setdlm.checkpoints.folders import save_model
@@ -98,14 +135,17 @@ def train_model(name: str, config: dict, out: Path, work: Path, log=print) -> di
     from setdlm.train.checkpoint import read_manifest
 
     family = config["models"][name]["family"]
-    settings = tiny_settings(config, name)
-    identity = {
+    settings = tiny_settings(config, name, seed)
+    recipe = {
         "model": name,
         "family": family,
         "settings": asdict(settings),
         "data": corpus_identity(settings),
-        "code_version": code_version(WORKFLOW_DIR.parent),
     }
+    reference = reference_model(config, name, seed, recipe)
+    if reference is not None:
+        return _copy_reference(name, reference, out, log)
+    identity = {**recipe, "code_version": code_version(WORKFLOW_DIR.parent)}
     _start_over_unless_same(work, identity, log)
     documents = corpus_documents(settings)
     tokenizer = tiny_tokenizer(work / "tokenizer", documents, settings)
@@ -115,8 +155,17 @@ def train_model(name: str, config: dict, out: Path, work: Path, log=print) -> di
     checkpoints = work / "train" / "checkpoints"
     saved = read_manifest(checkpoints)  # the step a resumed training starts from: the newest
     attempt = {"job": current_job(), "from_step": saved[-1]["step"] if saved else 0}
+    curve = train_settings(config, name).get("curve")
+    probe = None
+    if curve is not None:
+        from setdlm.recipes.learning_curve import DEFAULT_PROBLEMS, ArithmeticProbe
+
+        problems = curve.get("problems", DEFAULT_PROBLEMS)
+        probe = ArithmeticProbe.for_model(
+            model, tokenizer, curve["every"], problems, settings.generator
+        )
     try:
-        result = train(model, train_set, tiny_train_config(settings), work / "train")
+        result = train(model, train_set, tiny_train_config(settings), work / "train", probe=probe)
     except Preempted as stop:
         _record_attempt(work, attempt | {"to_step": stop.step, "stopped_by": stop.signal_name})
         raise
@@ -124,11 +173,14 @@ def train_model(name: str, config: dict, out: Path, work: Path, log=print) -> di
     load_weights(model, latest_checkpoint(work / "train" / "checkpoints"), use_ema=True)
     save_model(model, out)
     tokenizer.save_pretrained(out)  # a model folder is self-contained
+    _copy_curves(work / "train", out, with_curve=curve is not None)
     losses = [json.loads(line) for line in result.losses_path.read_text().splitlines()]
     marker = {
         "model": name,
         "source": "trained",
         **identity,
+        "seed": settings.seed,
+        "curve": curve,
         "steps": result.final_step,
         "seconds_this_run": round(time.perf_counter() - started, 2),
         "first_logged_loss": losses[0]["loss"],
@@ -140,6 +192,63 @@ def train_model(name: str, config: dict, out: Path, work: Path, log=print) -> di
     }
     atomic_write_json(out / TRAINED_MARKER, marker)
     log(f"[{name}] {result.final_step} steps, last loss {losses[-1]['loss']:.3f} -> {out}")
+    return marker
+
+
+def _copy_curves(train_dir: Path, out: Path, with_curve: bool) -> None:
+    """The training's loss log, and its learning curve, into the model folder (small files:
+    a line per 10 steps, a line per probe)."""
+    from setdlm.recipes.learning_curve import CURVE_FILE, LOSSES_FILE
+    from setdlm.train.trainer import LOSSES_NAME, PROBES_NAME
+
+    shutil.copyfile(train_dir / LOSSES_NAME, out / LOSSES_FILE)
+    if with_curve:
+        shutil.copyfile(train_dir / PROBES_NAME, out / CURVE_FILE)
+
+
+def reference_model(config: dict, name: str, seed: int | None, recipe: dict) -> Path | None:
+    """The committed reference copy of this model (``reference_models``/<name>[/seed-<k>]),
+    when the configuration names a reference folder and the copy there was trained with
+    exactly this recipe (model, family, settings, data); else None: train it here."""
+    root = config.get("reference_models")
+    if not root:
+        return None
+    folder = Path(root) / name / (f"seed-{seed}" if seed is not None else "")
+    marker = folder / TRAINED_MARKER
+    if not marker.is_file():
+        return None
+    recorded = json.loads(marker.read_text())
+    same = json.loads(json.dumps(recipe))  # as read back: tuples become lists
+    if {key: recorded.get(key) for key in same} != same:
+        return None
+    return folder
+
+
+def _copy_reference(name: str, reference: Path, out: Path, log) -> dict:
+    """The reference model's files into ``out``, checked against the hashes its marker lists,
+    and a marker saying where they came from (the training record kept as it was)."""
+    from setdlm.util.files import atomic_write_bytes
+
+    recorded = json.loads((reference / TRAINED_MARKER).read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    for path in sorted(reference.iterdir()):
+        if path.is_file() and path.name != TRAINED_MARKER:
+            atomic_write_bytes(out / path.name, path.read_bytes())
+    for file, sha256 in recorded["files"].items():
+        if sha256_file(out / file) != sha256:
+            raise RuntimeError(
+                f"{reference / file}: does not match the sha256 in {reference / TRAINED_MARKER}"
+            )
+    marker = {
+        **recorded,
+        "source": "reference",
+        "reference": str(reference),
+        "trained": {k: recorded.get(k) for k in ("source", "code_version", "job", "attempts")},
+        "files": _file_hashes(out),
+        "job": current_job(),
+    }
+    atomic_write_json(out / TRAINED_MARKER, marker)
+    log(f"[{name}] the reference model {reference} (its recipe is this one) -> {out}")
     return marker
 
 
@@ -199,3 +308,55 @@ def _file_hashes(folder: Path) -> dict[str, str]:
         for path in sorted(folder.iterdir())
         if path.is_file() and path.name != TRAINED_MARKER
     }
+
+
+REFERENCE_FILES = ("losses.jsonl", "learning_curve.jsonl")
+
+
+def export_references(models: Path, out: Path, names: list[str] | None = None, log=print) -> int:
+    """Copy the trained model folders of a run (``<run>/models/<name>[/seed-<k>]``) into a
+    reference folder (``make reference-models``), each as `setdlm train` left it; a folder
+    already there is replaced only once its copy is complete. Returns how many were copied."""
+    copied = 0
+    markers = sorted(models.glob(f"*/{TRAINED_MARKER}")) + sorted(
+        models.glob(f"*/seed-*/{TRAINED_MARKER}")
+    )
+    for marker in markers:
+        folder = marker.parent
+        seeded = folder.name.startswith("seed-")
+        name = folder.parent.name if seeded else folder.name
+        if names is not None and name not in names:
+            continue
+        recorded = json.loads(marker.read_text())
+        if recorded.get("source") != "trained":
+            continue  # a copy of a reference model, or a published checkpoint's marker
+        target = out / name / (folder.name if seeded else "")
+        staging = target.with_name(f".{target.name}.tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(folder, staging)
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+        copied += 1
+        log(f"{folder} -> {target}")
+    return copied
+
+
+def export_main(argv: list[str]) -> int:
+    parser = ArgumentParser(
+        prog="setdlm export-references",
+        description="copy a run's trained models into the committed reference folder",
+    )
+    parser.add_argument("models", type=Path, help="a run's models folder")
+    parser.add_argument("--out", type=Path, required=True, help="the reference folder")
+    parser.add_argument("--names", nargs="+", default=None, help="only these models")
+    args = parser.parse_args(argv)
+    if not args.models.is_dir():
+        parser.error(f"{args.models}: not a folder")
+    copied = export_references(args.models, args.out, args.names)
+    if not copied:
+        parser.error(
+            f"{args.models}: no model trained here (a checkpoint.json of source 'trained')"
+        )
+    print(f"{copied} model folder(s) in {args.out}")
+    return 0

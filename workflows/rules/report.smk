@@ -74,6 +74,23 @@ rule figures:
         "{SETDLM} report figures {RUN} --out {FIGURES} --only {params.tasks} > {log} 2>&1"
 
 
+# Learning curves (models trained with train.curve): accuracy and loss along training, a line
+# per seed, from the learning_curve.jsonl each model folder holds.
+rule learning_curves:
+    input:
+        PLAN.curve_markers(),
+    output:
+        [ensure(path, non_empty=True) for path in PLAN.curve_files()],
+    params:
+        config_hash=digest(PLAN.curve_files()),
+        code_version=CODE_VERSION,
+    log:
+        f"{RUN}/logs/learning_curves.log",
+    localrule: True
+    shell:
+        "{SETDLM} report curves {RUN}/models --tables {TABLES} --figures {FIGURES} > {log} 2>&1"
+
+
 rule check:
     input:
         baseline=baseline,

@@ -9,6 +9,8 @@ rule train_model:
         lambda wildcards: PLAN.train_inputs(wildcards.model),
     output:
         ensure(f"{RUN}/models/{{model}}/checkpoint.json", non_empty=True),
+    wildcard_constraints:
+        model=PLAN.model_wildcard(seeded=False),
     params:
         config_hash=lambda wildcards: PLAN.trained[wildcards.model],
         code_version=CODE_VERSION,
@@ -26,6 +28,30 @@ rule train_model:
         "exec env SETDLM_DATA_DIR={RUN}/data {SETDLM} --threads {threads} train "
         "--config {RUN}/config.yaml --model {wildcards.model} "
         "--out {RUN}/models/{wildcards.model} > {log} 2>&1"
+
+
+# A model trained once per seed (train.seeds): one job per seed, <run>/models/<name>/seed-<k>/.
+rule train_model_seed:
+    input:
+        lambda wildcards: PLAN.train_inputs(wildcards.model),
+    output:
+        ensure(f"{RUN}/models/{{model}}/seed-{{seed}}/checkpoint.json", non_empty=True),
+    wildcard_constraints:
+        model=PLAN.model_wildcard(seeded=True),
+        seed=r"\d+",
+    params:
+        config_hash=lambda wildcards: PLAN.trained_seeds[(wildcards.model, int(wildcards.seed))],
+        code_version=CODE_VERSION,
+    log:
+        f"{RUN}/logs/train_{{model}}_seed-{{seed}}.log",
+    threads: threads_of("train")
+    priority: lambda wildcards: PLAN.train_priority(wildcards.model)
+    resources:
+        **resources_of("train"),
+    shell:
+        "exec env SETDLM_DATA_DIR={RUN}/data {SETDLM} --threads {threads} train "
+        "--config {RUN}/config.yaml --model {wildcards.model} --seed {wildcards.seed} "
+        "--out {RUN}/models/{wildcards.model}/seed-{wildcards.seed} > {log} 2>&1"
 
 
 rule fetch_model:

@@ -1,0 +1,272 @@
+"""The paper's comparisons in miniature, each a paired difference with a verdict.
+
+For a run's arithmetic points, each claim is a difference of accuracies with the paper's
+expected sign, computed on paired resamples: every point of a task is resampled with the same
+seed indices and the same example indices (setdlm/eval/seeds.py ``two_level_resamples`` with
+one rng seed), so the difference's 95 % interval is that of a paired comparison (same training
+seeds, same problems). The verdict:
+
+- "holds": the interval excludes 0 on the paper's side;
+- "reversed": the interval excludes 0 on the other side;
+- "no evidence": the interval contains 0.
+
+SetDLM-smax2S is compared with BD3LM-S (the paper's pairing, SPEC 3.7), with each family's own
+decoding policy:
+
+1. accuracy at equal τ, for every τ both decoded (paper: SetDLM >= BD3LM);
+2. accuracy at equal parallelism (2 and 3 tokens per step), each curve interpolated linearly
+   between its two points around that parallelism (paper: SetDLM higher);
+3. the accuracy each loses from τ = 1e6 to its first τ whose parallelism reaches 2 (paper:
+   SetDLM loses less, so BD3LM's loss minus SetDLM's is positive);
+4. infilling a masked step at τ = 1e6 (exact match; paper, ROCStories: SetDLM higher).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from setdlm.eval.seeds import interval, per_example_scores, seed_folders, two_level_resamples
+from setdlm.report.table import Column, Table, format_tau
+from setdlm.results.reader import ResultPoint, Results
+
+SOLVE, INFILL = "arithmetic-solve", "arithmetic-infill"
+PARALLELISM_LEVELS = (2.0, 3.0)
+HOLDS, REVERSED, NO_EVIDENCE = "holds", "reversed", "no evidence"
+
+
+@dataclass(frozen=True)
+class Claim:
+    claim: str
+    comparison: str
+    difference: float  # the point estimate, in the metric's unit (a fraction)
+    low: float
+    high: float
+    seeds: int
+    examples: int
+
+    @property
+    def verdict(self) -> str:
+        if self.low > 0:
+            return HOLDS
+        if self.high < 0:
+            return REVERSED
+        return NO_EVIDENCE
+
+
+def resampled(point: ResultPoint, metric: str) -> tuple[np.ndarray, float, int, int] | None:
+    """(R,) paired resamples of the point's mean ``metric``, its estimate, seeds, examples."""
+    folders = seed_folders(point.folder) or [point.folder]
+    columns = [per_example_scores(folder, [metric]) for folder in folders]
+    if any(column is None for column in columns):
+        return None
+    values = [column[metric] for column in columns]
+    estimate = float(np.mean([v.mean() for v in values]))
+    return two_level_resamples(values), estimate, len(values), len(values[0])
+
+
+def pairs(results: Results, task: str) -> list[tuple[ResultPoint, ResultPoint]]:
+    """(SetDLM-smax2S, BD3LM-S) model pairs of a task: lists of each one's own-policy points."""
+    points = [p for p in results.for_task(task) if p.policy is None]
+    models = {}
+    for point in points:
+        models.setdefault((point.family, point.model), []).append(point)
+    found = []
+    for (family, model), own in models.items():
+        if family != "setdlm":
+            continue
+        for (other_family, other_model), theirs in models.items():
+            paired = other_family == "bd3lm" and theirs[0].size * 2 == own[0].size
+            if paired and _tag(other_model) == _tag(model):
+                found.append((own, theirs))
+    return found
+
+
+def _tag(model: str) -> str:
+    """What follows the family and size in a model name (``-arith``), if anything."""
+    parts = model.split("-")
+    return "-".join(parts[2:])
+
+
+def build_claims(results: Results) -> list[Claim]:
+    claims = []
+    for setdlm, bd3lm in pairs(results, SOLVE):
+        name = f"{setdlm[0].model} vs {bd3lm[0].model}"
+        claims += _equal_tau(setdlm, bd3lm, name)
+        claims += _equal_parallelism(setdlm, bd3lm, name)
+        claims += _loss_to_parallelism_2(setdlm, bd3lm, name)
+    for setdlm, bd3lm in pairs(results, INFILL):
+        ours = _by_tau(setdlm).get(1e6)
+        theirs = _by_tau(bd3lm).get(1e6)
+        if ours and theirs:
+            claims += _difference(
+                "infilling a masked step: SetDLM exact match higher at τ = 1e6",
+                f"{ours.model} − {theirs.model}, step exact",
+                ours,
+                theirs,
+                "step_exact",
+            )
+    return claims
+
+
+def _by_tau(points: list[ResultPoint]) -> dict[float, ResultPoint]:
+    return {point.tau: point for point in points if point.tau is not None}
+
+
+def _difference(claim: str, comparison: str, ours, theirs, metric="strict_match") -> list[Claim]:
+    a, b = resampled(ours, metric), resampled(theirs, metric)
+    if a is None or b is None or a[0].shape != b[0].shape:
+        return []
+    low, high = interval(a[0] - b[0])
+    return [Claim(claim, comparison, a[1] - b[1], low, high, a[2], a[3])]
+
+
+def _equal_tau(setdlm, bd3lm, name: str) -> list[Claim]:
+    ours, theirs = _by_tau(setdlm), _by_tau(bd3lm)
+    claims = []
+    for tau in sorted(set(ours) & set(theirs), reverse=True):
+        claims += _difference(
+            f"accuracy at equal τ = {format_tau(tau)}: SetDLM higher",
+            f"{name}, strict match",
+            ours[tau],
+            theirs[tau],
+        )
+    return claims
+
+
+def _curve(points: list[ResultPoint]):
+    """(parallelism (P,), resamples (P, R), estimates (P,)) of a model's points, by
+    parallelism; None when a point has no per-example scores."""
+    rows = []
+    for point in points:
+        parallelism = point.speed("parallelism_mean")
+        drawn = resampled(point, "strict_match")
+        if parallelism is None or drawn is None:
+            return None
+        rows.append((parallelism, drawn[0], drawn[1], drawn[2], drawn[3]))
+    rows.sort(key=lambda row: row[0])
+    return rows
+
+
+def _at(rows, level: float):
+    """Linear interpolation of resamples and estimate at a parallelism level (None outside)."""
+    for (x0, r0, e0, *_), (x1, r1, e1, *_) in zip(rows, rows[1:], strict=False):
+        if x0 <= level <= x1 and x1 > x0:
+            weight = (level - x0) / (x1 - x0)
+            return (1 - weight) * r0 + weight * r1, (1 - weight) * e0 + weight * e1
+    return None
+
+
+def _equal_parallelism(setdlm, bd3lm, name: str) -> list[Claim]:
+    ours, theirs = _curve(setdlm), _curve(bd3lm)
+    if not ours or not theirs:
+        return []
+    claims = []
+    for level in PARALLELISM_LEVELS:
+        a, b = _at(ours, level), _at(theirs, level)
+        if a is None or b is None or a[0].shape != b[0].shape:
+            continue
+        low, high = interval(a[0] - b[0])
+        claims.append(
+            Claim(
+                f"accuracy at equal parallelism {level:g} tokens/step: SetDLM higher",
+                f"{name}, strict match interpolated between τ points",
+                a[1] - b[1],
+                low,
+                high,
+                ours[0][3],
+                ours[0][4],
+            )
+        )
+    return claims
+
+
+def _loss_to_parallelism_2(setdlm, bd3lm, name: str) -> list[Claim]:
+    def loss(points):
+        by_tau = _by_tau(points)
+        start = by_tau.get(1e6)
+        fast = [p for p in sorted(points, key=lambda p: -p.tau) if p.speed("parallelism_mean") >= 2]
+        if start is None or not fast:
+            return None
+        a, b = resampled(start, "strict_match"), resampled(fast[0], "strict_match")
+        if a is None or b is None:
+            return None
+        return a[0] - b[0], a[1] - b[1], fast[0], a[2], a[3]
+
+    ours, theirs = loss(setdlm), loss(bd3lm)
+    if ours is None or theirs is None or ours[0].shape != theirs[0].shape:
+        return []
+    low, high = interval(theirs[0] - ours[0])
+    return [
+        Claim(
+            "accuracy lost from τ = 1e6 to parallelism >= 2: SetDLM loses less",
+            f"{name}: BD3LM's loss (to τ = {format_tau(theirs[2].tau)}: "
+            f"{100 * theirs[1]:.1f} pp) − SetDLM's (to τ = {format_tau(ours[2].tau)}: "
+            f"{100 * ours[1]:.1f} pp)",
+            theirs[1] - ours[1],
+            low,
+            high,
+            ours[3],
+            ours[4],
+        )
+    ]
+
+
+CLAIMS_KEY = "claims"
+
+
+def claims_table(results: Results) -> Table:
+    claims = build_claims(results)
+    rows = [
+        {
+            "claim": c.claim,
+            "comparison": c.comparison,
+            "difference": (100 * c.difference, 100 * c.low, 100 * c.high),
+            "verdict": c.verdict,
+            "seeds": c.seeds,
+            "examples": c.examples,
+        }
+        for c in claims
+    ]
+    seeds = sorted({c.seeds for c in claims})
+    notes = [
+        "Each row: a difference of accuracies in percentage points (the paper's expected side "
+        "positive) with its paired 95 % interval: 2000 seeded resamples of the training seeds, "
+        "then of the problems within each seed, the same indices for both sides (same seeds, "
+        "same problems). holds: the interval excludes 0 on the paper's side; reversed: it "
+        "excludes 0 on the other side; no evidence: it contains 0.",
+        "Models: SetDLM-smax2S against BD3LM-S (the paper's pairing), each with its own "
+        "decoding policy; tiny CPU models on the synthetic arithmetic task, so these are the "
+        "paper's comparisons in miniature, not its numbers (setdlm/report/claims.py).",
+    ]
+    if seeds == [1]:
+        notes.append(
+            "One trained model per family: the intervals resample problems only and ignore "
+            "seed variance (train.seeds trains several)."
+        )
+    if not claims:
+        notes.append(
+            "No claim could be computed: the run has no SetDLM-smax2S and BD3LM-S pair on "
+            "arithmetic-solve or arithmetic-infill with per-example scores."
+        )
+    return Table(
+        CLAIMS_KEY,
+        "The paper's comparisons in miniature: paired differences and verdicts",
+        [
+            Column("claim", "claim"),
+            Column("comparison", "comparison"),
+            Column("difference", "difference (pp) [95 % interval]", 1, ranged=True),
+            Column("verdict", "verdict"),
+            Column("seeds", "seeds", 0),
+            Column("examples", "problems", 0),
+        ],
+        rows,
+        notes,
+    )
+
+
+def has_claims(run_dir: Path) -> bool:
+    """Whether a run folder holds arithmetic results (the claims table's input)."""
+    return any((run_dir / task).is_dir() for task in (SOLVE, INFILL))

@@ -1,0 +1,204 @@
+"""Seeds as an axis: a point's per-seed results aggregated with a two-level bootstrap, the
+paired claims and their verdicts, the learning curves, and the training probe that records
+them without changing a weight. Synthetic result folders in the layout; no model is trained."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from setdlm.eval import seeds
+from setdlm.report import claims, curves
+from setdlm.results.reader import load_results
+
+PROBLEMS = 120
+
+
+def _write_seed(point: Path, seed: int, solved: list[int], family: str, tau: float, **speed):
+    """One seed's result of an arithmetic-solve point: samples.jsonl and metrics.json."""
+    folder = point / f"seed-{seed}"
+    folder.mkdir(parents=True)
+    records = [
+        {"id": f"test-{i:03d}", "scores": {"strict_match": float(s), "flexible_extract": float(s)}}
+        for i, s in enumerate(solved)
+    ]
+    (folder / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    value = sum(solved) / len(solved)
+    size = {"setdlm": {"schedule": {"d": 4, "M": 8}}, "bd3lm": {"block_size": 4}}.get(family, {})
+    metrics = {
+        "task": "arithmetic-solve",
+        "examples": len(solved),
+        "quality": {
+            name: {"value": value, "bootstrap_95": [value - 0.05, value + 0.05], "definition": "x"}
+            for name in ("strict_match", "flexible_extract")
+        },
+        "speed": {"parallelism_mean": 1.0, "nfe_mean": 20.0, **speed},
+        "config": {
+            "model_config": {"family": family, **size},
+            "decode": {"confidence_threshold": tau},
+            "model_source": str(point.parents[2] / "models" / point.parent.name / folder.name),
+        },
+        "config_hash": f"{family}-{tau}-{seed}",
+    }
+    (folder / "metrics.json").write_text(json.dumps(metrics))
+
+
+def _solved(rate: float, rng) -> list[int]:
+    return [int(x) for x in rng.random(PROBLEMS) < rate]
+
+
+def _point(run: Path, model: str, tau: float) -> Path:
+    return run / "arithmetic-solve" / model / f"tau-{tau:g}"
+
+
+# ---------------------------------------------------------------------- the two-level bootstrap
+def test_two_level_resamples_are_seeded_and_paired_for_equal_shapes():
+    rng = np.random.default_rng(1)
+    a = [rng.random(50) for _ in range(3)]
+    b = [rng.random(50) for _ in range(3)]
+    first, again = seeds.two_level_resamples(a), seeds.two_level_resamples(a)
+    assert np.array_equal(first, again)
+    # the same indices for both: a difference of a point with itself is exactly 0
+    assert np.array_equal(seeds.two_level_resamples(a) - seeds.two_level_resamples(a), 0 * first)
+    assert not np.array_equal(seeds.two_level_resamples(a), seeds.two_level_resamples(b))
+
+
+def test_the_interval_holds_the_spread_between_seeds():
+    """Three seeds whose models differ (40 %, 60 %, 80 %) against three that agree (60 %):
+    the same examples' spread, but only the first interval also holds the seeds'."""
+    rng = np.random.default_rng(0)
+    differing = [np.asarray(_solved(rate, rng), float) for rate in (0.4, 0.6, 0.8)]
+    agreeing = [np.asarray(_solved(0.6, rng), float) for _ in range(3)]
+    wide = seeds.interval(seeds.two_level_resamples(differing))
+    narrow = seeds.interval(seeds.two_level_resamples(agreeing))
+    assert wide[1] - wide[0] > 1.5 * (narrow[1] - narrow[0])
+    assert wide[0] < 0.6 < wide[1]
+
+
+def test_aggregate_writes_the_mean_over_seeds_with_each_seeds_values(tmp_path):
+    rng = np.random.default_rng(2)
+    point = _point(tmp_path / "runs" / "r", "setdlm-smax8-arith", 0.5)
+    rates = (0.5, 0.6, 0.7)
+    for seed, rate in enumerate(rates):
+        _write_seed(
+            point, seed, _solved(rate, rng), "setdlm", 0.5, tokens_per_second_mean=10.0 + seed
+        )
+    metrics = seeds.aggregate(point)
+    entry = metrics["quality"]["strict_match"]
+    values = [s["quality"]["strict_match"] for s in metrics["seeds"]]
+    assert entry["seed_values"] == values and entry["value"] == pytest.approx(np.mean(values))
+    assert entry["seed_std"] == pytest.approx(np.std(values, ddof=1))
+    low, high = entry["bootstrap_95"]
+    assert low < entry["value"] < high and entry["interval_over"] == seeds.INTERVAL_TWO_LEVEL
+    assert metrics["speed"]["tokens_per_second_mean"] == pytest.approx(11.0)
+    assert [s["seed"] for s in metrics["seeds"]] == [0, 1, 2]
+    assert json.loads((point / "metrics.json").read_text()) == metrics
+    read = load_results(tmp_path / "runs" / "r").points[0]
+    assert [s["seed"] for s in read.seeds] == [0, 1, 2]
+
+
+def test_seeds_of_different_evaluations_are_refused_naming_the_folder(tmp_path):
+    rng = np.random.default_rng(3)
+    point = _point(tmp_path / "runs" / "r", "setdlm-smax8-arith", 0.5)
+    _write_seed(point, 0, _solved(0.5, rng), "setdlm", 0.5)
+    _write_seed(point, 1, _solved(0.5, rng)[:-1], "setdlm", 0.5)  # one example short
+    with pytest.raises(seeds.SeedError, match=r"seed-1: examples 119, but seed-0 has 120"):
+        seeds.aggregate(point)
+    with pytest.raises(seeds.SeedError, match="no seed-<k> folders"):
+        seeds.aggregate(tmp_path / "empty")
+
+
+# ------------------------------------------------------------------------------- the claims
+def _run_with_pair(tmp_path: Path, setdlm_rates, bd3lm_rates) -> Path:
+    """A run of SetDLM-smax8 and BD3LM-s4 on arithmetic-solve at τ = 1e6 and 0.5, three seeds."""
+    run = tmp_path / "runs" / "pair"
+    rng = np.random.default_rng(4)
+    for model, family, rates in (
+        ("setdlm-smax8-arith", "setdlm", setdlm_rates),
+        ("bd3lm-s4-arith", "bd3lm", bd3lm_rates),
+    ):
+        for tau, rate, parallelism in ((1e6, rates[0], 1.0), (0.5, rates[1], 3.0)):
+            point = _point(run, model, tau)
+            for seed in range(3):
+                solved = _solved(rate, rng)
+                _write_seed(point, seed, solved, family, tau, parallelism_mean=parallelism)
+            seeds.aggregate(point)
+    return run
+
+
+def test_a_claim_holds_only_when_its_paired_interval_excludes_zero_on_the_papers_side(tmp_path):
+    run = _run_with_pair(tmp_path, setdlm_rates=(0.9, 0.85), bd3lm_rates=(0.5, 0.2))
+    found = claims.build_claims(load_results(run))
+    by_claim = {c.claim: c for c in found}
+    equal_tau = by_claim["accuracy at equal τ = 0.5: SetDLM higher"]
+    assert equal_tau.verdict == claims.HOLDS and equal_tau.low > 0
+    assert equal_tau.seeds == 3 and equal_tau.examples == PROBLEMS
+    assert by_claim["accuracy at equal parallelism 2 tokens/step: SetDLM higher"].verdict == "holds"
+    lost = by_claim["accuracy lost from τ = 1e6 to parallelism >= 2: SetDLM loses less"]
+    assert lost.verdict == claims.HOLDS  # BD3LM loses 30 points, SetDLM 5
+
+    reversed_run = _run_with_pair(tmp_path / "r", setdlm_rates=(0.3, 0.2), bd3lm_rates=(0.9, 0.8))
+    verdicts = {c.verdict for c in claims.build_claims(load_results(reversed_run))}
+    assert claims.REVERSED in verdicts and claims.HOLDS not in verdicts
+
+
+def test_equal_models_give_no_evidence_either_way(tmp_path):
+    run = _run_with_pair(tmp_path, setdlm_rates=(0.6, 0.6), bd3lm_rates=(0.6, 0.6))
+    equal_tau = [c for c in claims.build_claims(load_results(run)) if "equal τ" in c.claim]
+    assert equal_tau and {c.verdict for c in equal_tau} == {claims.NO_EVIDENCE}
+    table = claims.claims_table(load_results(run))
+    assert table.rows and all(row["verdict"] for row in table.rows)
+
+
+def test_claims_verdict_reads_the_interval():
+    claim = claims.Claim("c", "x", 0.1, 0.01, 0.2, 3, 100)
+    assert claim.verdict == "holds"
+    assert claims.Claim("c", "x", -0.1, -0.2, -0.01, 3, 100).verdict == "reversed"
+    assert claims.Claim("c", "x", 0.0, -0.01, 0.02, 3, 100).verdict == "no evidence"
+
+
+# -------------------------------------------------------------------------- learning curves
+def _write_curve(models: Path, model: str, seed: int, accuracies: list[float], every=100):
+    folder = models / model / f"seed-{seed}"
+    folder.mkdir(parents=True)
+    lines = [
+        json.dumps({"step": every * (i + 1), "loss": 1.0 / (i + 1), "accuracy": a, "problems": 200})
+        for i, a in enumerate(accuracies)
+    ]
+    (folder / curves.CURVE_FILE).write_text("\n".join(lines) + "\n")
+
+
+def test_learning_curves_say_whether_the_last_quarter_is_flat(tmp_path):
+    models = tmp_path / "models"
+    for seed, shift in enumerate((0.0, 0.01, -0.01)):
+        flat = [min(0.8, 0.1 * i) + shift for i in range(1, 17)]  # 80 % from step 800 on
+        rising = [0.05 * i + shift for i in range(1, 17)]  # still climbing at the end
+        _write_curve(models, "setdlm-smax8-arith", seed, flat)
+        _write_curve(models, "bd3lm-s4-arith", seed, rising)
+    verdicts = {v.model: v for v in curves.convergence(curves.read_curves(models))}
+    assert verdicts["setdlm-smax8-arith"].flat and not verdicts["bd3lm-s4-arith"].flat
+    assert verdicts["setdlm-smax8-arith"].mean == pytest.approx(0.8)
+    written = curves.write_curves(models, tmp_path / "tables", tmp_path / "figures")
+    assert {p.name for p in written} == {
+        "learning_curves.md",
+        "learning_curves.csv",
+        "learning_curves_points.md",
+        "learning_curves_points.csv",
+        "learning_curves.png",
+    }
+    summary = (tmp_path / "tables" / "learning_curves.md").read_text()
+    assert "| setdlm-smax8-arith | 3 | 1600 |" in summary and "still changing" in summary
+
+
+def test_a_broken_curve_file_is_named_with_its_line(tmp_path):
+    models = tmp_path / "models"
+    _write_curve(models, "ar-arith", 0, [0.1, 0.2])
+    path = models / "ar-arith" / "seed-0" / curves.CURVE_FILE
+    path.write_text(path.read_text() + "{not json\n")
+    with pytest.raises(curves.CurveError, match=r"seed-0/learning_curve.jsonl:3: not a"):
+        curves.read_curves(models)
+    with pytest.raises(curves.CurveError, match="no learning_curve.jsonl"):
+        curves.read_curves(tmp_path / "nothing")
