@@ -128,3 +128,32 @@ def test_padded_rows_start_at_bos_end_in_eos_and_refuse_a_long_document(
     assert set(first[1 + len(body) :]) == {tokenizer.eos_token_id}  # EOS, then EOS fill
     with pytest.raises(ValueError, match="document 0 takes .* more than the row length 4"):
         PaddedRowsDataset(["Ada has 5 apples."], tokenizer, 4)
+
+
+def test_arithmetic_3_writes_commutative_steps_in_either_order_and_stays_correct():
+    """The default's grammar since issue 24: arithmetic-2's numbers, with "+" and "*" steps
+    written either way round (both orders occur); every line and answer is still right, the
+    line's other operand is the previous count, and arithmetic-2's problems are unchanged."""
+    problems = arithmetic.generate("test", 300, seed=3, version="arithmetic-3")
+    assert {p.question for p in problems}.isdisjoint(
+        p.question for p in arithmetic.generate("train", 20000, 0, "arithmetic-3")
+    )
+    swapped = kept = 0
+    for problem in problems:
+        *steps, final = problem.answer.split("\n")
+        value = None
+        for line in steps:
+            left, symbol, right, result = STEP.match(line).groups()
+            left, right, result = int(left), int(right), int(result)
+            expected = {"+": left + right, "-": left - right, "*": left * right}[symbol]
+            assert expected == result and 1 <= result <= 49
+            if value is not None:
+                assert value in (left, right) and (symbol != "-" or left == value)
+                swapped += value == right and value != left
+                kept += value == left and value != right
+            value = result
+        assert gsm8k.reference_answer(problem.answer).strip() == str(value)
+    assert swapped > 50 and kept > 50
+    assert arithmetic.identity("test", 300, 0, "arithmetic-3")["generator"] == "arithmetic-3"
+    with pytest.raises(ValueError, match="unknown arithmetic generator 'arithmetic-9'"):
+        arithmetic.generate("test", 1, 0, "arithmetic-9")
