@@ -58,6 +58,8 @@ TRAIN_RUN := results/runs/tiny-train
 reference-models: $(STAMP)
 	$(BIN)/snakemake --profile workflows/profiles/local all_models learning_curves \
 	    --configfile workflows/config/tiny.yaml workflows/config/tiny-train.yaml
+	$(BIN)/setdlm check-training $(TRAIN_RUN)/models \
+	    || echo "make reference-models: the new trainings left the reference seeds' spread (above)"
 	$(BIN)/setdlm export-references $(TRAIN_RUN)/models --out $(REFERENCE_MODELS)
 	mkdir -p $(REFERENCE)/learning-curves
 	$(BIN)/setdlm report curves $(REFERENCE_MODELS) --tables $(REFERENCE)/learning-curves \
@@ -66,7 +68,7 @@ reference-models: $(STAMP)
 # pytest exits 5 when it collects no tests: that is a broken suite, not a pass.
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q; rc=$$?; \
+	$(BIN)/python -m pytest -q --durations=15; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose" >&2; exit 1; fi; \
 	exit $$rc
 

@@ -464,6 +464,10 @@ PASSTHROUGH = {
         "setdlm.report.decoding_check:main",
         "decode the default's points with the reference models against a baseline (make check)",
     ),
+    "check-training": (
+        "setdlm.report.training_check:main",
+        "trained models' losses and accuracy against the reference seeds' spread",
+    ),
     "export-references": (
         "setdlm.workflow.train:export_main",
         "copy a run's trained models into the reference folder (make reference-models)",

@@ -202,3 +202,76 @@ def test_a_broken_curve_file_is_named_with_its_line(tmp_path):
         curves.read_curves(models)
     with pytest.raises(curves.CurveError, match="no learning_curve.jsonl"):
         curves.read_curves(tmp_path / "nothing")
+
+
+# ------------------------------------------------------------------ the training check
+def _write_training(models: Path, model: str, seed: int, loss: float, accuracy: float):
+    folder = models / model / f"seed-{seed}"
+    folder.mkdir(parents=True)
+    losses = [{"step": s, "loss": loss + 1.0 / s} for s in range(10, 4001, 10)]
+    (folder / "losses.jsonl").write_text("".join(json.dumps(x) + "\n" for x in losses))
+    curve = [{"step": 4000, "loss": loss, "accuracy": accuracy, "problems": 200}]
+    (folder / curves.CURVE_FILE).write_text(json.dumps(curve[0]) + "\n")
+
+
+def test_the_training_check_holds_a_retraining_to_the_reference_seed_spread(tmp_path):
+    from setdlm.report import training_check
+
+    reference = tmp_path / "reference"
+    for seed, (loss, accuracy) in enumerate([(0.40, 0.90), (0.41, 0.92), (0.39, 0.91)]):
+        _write_training(reference, "setdlm-smax8-arith", seed, loss, accuracy)
+    baseline_path = tmp_path / "training.json"
+    baseline = training_check.write_baseline(baseline_path, reference)
+    spec = baseline["models"]["setdlm-smax8-arith"]["accuracy"]
+    assert spec["mean"] == pytest.approx(0.91) and spec["tolerance"] == pytest.approx(0.03)
+    assert set(baseline["models"]["setdlm-smax8-arith"]) == {
+        "accuracy", "loss@1000", "loss@2000", "loss@3000", "loss@4000"
+    }  # fmt: skip
+    close, far = tmp_path / "close", tmp_path / "far"
+    _write_training(close, "setdlm-smax8-arith", 7, 0.405, 0.925)  # one more seed, it seems
+    _write_training(far, "setdlm-smax8-arith", 7, 0.405, 0.80)  # 11 points off: 5 std
+    assert training_check.compare(baseline, close) == []
+    problems = training_check.compare(baseline, far)
+    assert len(problems) == 1 and problems[0].startswith("setdlm-smax8-arith seed 7: accuracy")
+    with pytest.raises(training_check.TrainingCheckError, match="no <model>/seed-<k>"):
+        training_check.compare(baseline, tmp_path / "nothing")
+
+
+# ------------------------------------------------------------------ the decoding check
+def test_the_decoding_check_compares_tokens_scores_and_counted_speed():
+    from setdlm.report.decoding_check import Decoded, compare
+
+    ids = {f"test-{i}": f"{i} 7 8" for i in range(100)}
+    scores = {f"test-{i}": float(i % 2) for i in range(100)}
+    counted = {"nfe_mean": 20.0, "parallelism_mean": 1.0}
+    key = "arithmetic-solve/setdlm-smax8-arith/tau-0.5/seed-0"
+    baseline = {
+        "tolerances": {"accuracy": 0.02, "min_agreement": 0.97, "counted_speed": 0.02},
+        "points": {key: {"accuracy": 0.5, "counted": counted, "outputs": ids, "scores": scores}},
+    }
+
+    def decoded(changed: int = 0, flipped: int = 0, nfe: float = 20.0, subset: int = 100):
+        outputs = {i: (v + " 9" if n < changed else v) for n, (i, v) in enumerate(ids.items())}
+        new_scores = {i: (1.0 - s if n < flipped else s) for n, (i, s) in enumerate(scores.items())}
+        keep = list(ids)[:subset]
+        return Decoded(
+            key,
+            sum(new_scores[i] for i in keep) / len(keep),
+            {i: outputs[i] for i in keep},
+            {i: new_scores[i] for i in keep},
+            {**counted, "nfe_mean": nfe},
+        )
+
+    assert compare(baseline, [decoded()])[0].problems == []
+    assert "token agreement 96.0 %" in compare(baseline, [decoded(changed=4)])[0].problems[0]
+    assert compare(baseline, [decoded(changed=3)])[0].problems == []  # 97 % agree
+    # flipping 4 of the first 4 (alternating 0/1) leaves the mean: tokens decide there
+    three_points = decoded(flipped=6)  # 0,1,0,1,0,1 -> 1,0,1,0,1,0: the mean is unchanged
+    assert compare(baseline, [three_points])[0].problems == []
+    lost = decoded(flipped=0)
+    lost.scores.update({f"test-{i}": 0.0 for i in range(1, 7, 2)})  # three solved lost: 3 points
+    lost = Decoded(key, 0.47, lost.outputs, lost.scores, lost.counted)
+    assert any("accuracy 47.0 %" in p for p in compare(baseline, [lost])[0].problems)
+    assert any("nfe_mean 21" in p for p in compare(baseline, [decoded(nfe=21.0)])[0].problems)
+    # the first 20 examples only: their own baseline accuracy, no counted speed compared
+    assert compare(baseline, [decoded(nfe=30.0, subset=20)])[0].problems == []

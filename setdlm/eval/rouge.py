@@ -23,8 +23,6 @@ import importlib.metadata
 import statistics
 from dataclasses import asdict, dataclass
 
-from rouge_score import rouge_scorer
-
 from setdlm.eval.intervals import bootstrap_95
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
@@ -65,6 +63,10 @@ class RougeScorer:
 
     def __init__(self, settings: RougeSettings = RougeSettings()):
         self.settings = settings
+        # Imported here: rouge_score loads NLTK, scipy and scikit-learn (about 4 s), which
+        # every task importing this module's settings (arithmetic infilling) would pay.
+        from rouge_score import rouge_scorer
+
         self._scorer = rouge_scorer.RougeScorer(
             list(settings.rouge_types), use_stemmer=settings.use_stemmer, split_summaries=False
         )

@@ -54,20 +54,16 @@ def _seed_of(folder: Path) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def per_example_scores(folder: Path, names) -> dict[str, np.ndarray] | None:
+def per_example_scores(folder: Path, names) -> dict[str, np.ndarray]:
     """{metric: (N,) per-example values} from a result's samples.jsonl, in example-id order,
-    or None when its records carry no ``scores`` for these metrics."""
+    for those of ``names`` that every record scores (a corpus-level metric has none)."""
     records = SampleLog(folder / "samples.jsonl").scan()[0]
     ordered = [records[key] for key in sorted(records)]
-    if not ordered or any(
-        not isinstance(record.get("scores"), dict) or name not in record["scores"]
-        for record in ordered
-        for name in names
-    ):
-        return None
+    scored = [r.get("scores") if isinstance(r.get("scores"), dict) else {} for r in ordered]
     return {
-        name: np.asarray([float(r["scores"][name]) for r in ordered], dtype=np.float64)
+        name: np.asarray([float(s[name]) for s in scored], dtype=np.float64)
         for name in names
+        if ordered and all(_number(s.get(name)) for s in scored)
     }
 
 
@@ -144,12 +140,7 @@ def aggregate(point: str | Path) -> dict:
             }
             for seed, folder, run in zip(seeds, folders, runs, strict=True)
         ],
-        "interval": {
-            "resamples": RESAMPLES,
-            "seed": SEED,
-            "level": LEVEL,
-            "over": INTERVAL_TWO_LEVEL if columns[0] is not None else INTERVAL_SEEDS_ONLY,
-        },
+        "interval": {"resamples": RESAMPLES, "seed": SEED, "level": LEVEL},
         **{key: first[key] for key in ("run", "hardware", "software") if key in first},
     }
     atomic_write_json(point / "metrics.json", metrics)
@@ -164,9 +155,9 @@ def _aggregate_metric(name: str, runs: list[dict], columns: list) -> dict:
     entry = {
         key: value for key, value in entries[0].items() if key not in ("value", "bootstrap_95")
     }
-    if all(column is not None for column in columns):
+    if all(name in column for column in columns):
         resampled = two_level_resamples([column[name] for column in columns])
-        over = INTERVAL_TWO_LEVEL
+        over = INTERVAL_TWO_LEVEL if len(values) > 1 else INTERVAL_ONE_SEED
     else:
         resampled = seed_resamples(values)
         over = INTERVAL_SEEDS_ONLY

@@ -60,7 +60,7 @@ def resampled(point: ResultPoint, metric: str) -> tuple[np.ndarray, float, int, 
     """(R,) paired resamples of the point's mean ``metric``, its estimate, seeds, examples."""
     folders = seed_folders(point.folder) or [point.folder]
     columns = [per_example_scores(folder, [metric]) for folder in folders]
-    if any(column is None for column in columns):
+    if any(metric not in column for column in columns):
         return None
     values = [column[metric] for column in columns]
     estimate = float(np.mean([v.mean() for v in values]))

@@ -1,0 +1,173 @@
+"""``setdlm check-training``: does a training of the default's recipe land where the reference
+trainings did, within their seed spread?
+
+Training is not portable: another CPU (or thread count) rounds otherwise and the difference
+grows into other weights, so a retrained model is compared with the reference trainings as one
+more seed would be, not value for value. For every model, the baseline
+(``results/baselines/training.json``, written from the reference models' own records) keeps,
+per metric, the mean and the standard deviation over the reference seeds:
+
+- ``loss@<step>``: the training loss averaged over the ``WINDOW`` steps up to that step (the
+  log has one batch's loss every 10 steps), at each quarter of training;
+- ``accuracy``: the learning curve's last accuracy (arithmetic-solve, τ = 1e6, its problems).
+
+A checked model passes a metric when it lies within ``SPREADS`` standard deviations of the
+reference mean, with a floor where the seeds happen to agree closely (``FLOORS``: one problem in
+a hundred for accuracy, 0.01 nats for the loss): a tolerance derived from the measured seed
+spread, never a blanket factor. The baseline states both next to the values.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+from setdlm.util.errors import UserError
+from setdlm.util.files import atomic_write_json
+
+FORMAT = 1
+DEFAULT_BASELINE = Path("results/baselines/training.json")
+WINDOW = 100  # steps the loss is averaged over
+SPREADS = 3.0
+FLOORS = {"accuracy": 0.01, "loss": 0.01}
+ABOUT = (
+    "setdlm check-training baseline: per model and metric, the mean and standard deviation over "
+    "the reference seeds; a retrained seed passes within {spreads:g} standard deviations of the "
+    "mean (at least {accuracy:g} for accuracy, {loss:g} nats for the loss)."
+)
+
+
+class TrainingCheckError(UserError, ValueError):
+    """No training records where they were expected, or a baseline that cannot be used."""
+
+
+def _lines(path: Path) -> list[dict]:
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError) as error:
+        raise TrainingCheckError(f"{path}: cannot read it ({error})") from None
+
+
+def seed_metrics(folder: Path) -> dict[str, float]:
+    """A trained model folder's checked metrics, from its losses.jsonl and learning_curve.jsonl."""
+    losses = _lines(folder / "losses.jsonl")
+    if not losses:
+        raise TrainingCheckError(f"{folder / 'losses.jsonl'}: no logged step")
+    last = max(line["step"] for line in losses)
+    metrics = {}
+    for quarter in (1, 2, 3, 4):
+        step = round(last * quarter / 4)
+        window = [x["loss"] for x in losses if step - WINDOW < x["step"] <= step]
+        if window:
+            metrics[f"loss@{step}"] = statistics.fmean(window)
+    curve = folder / "learning_curve.jsonl"
+    if curve.is_file():
+        records = _lines(curve)
+        if records:
+            metrics["accuracy"] = float(records[-1]["accuracy"])
+    return metrics
+
+
+def trained_seeds(models: Path) -> dict[str, dict[int, dict[str, float]]]:
+    """{model: {seed: metrics}} of every ``<model>/seed-<k>/`` with a training record."""
+    found: dict[str, dict[int, dict[str, float]]] = {}
+    for log in sorted(models.glob("*/seed-*/losses.jsonl")):
+        folder = log.parent
+        seed = folder.name.removeprefix("seed-")
+        if seed.isdigit():
+            found.setdefault(folder.parent.name, {})[int(seed)] = seed_metrics(folder)
+    if not found:
+        raise TrainingCheckError(
+            f"{models}: no <model>/seed-<k>/losses.jsonl (models trained with train.seeds)"
+        )
+    return found
+
+
+def tolerance(metric: str, std: float) -> float:
+    floor = FLOORS["accuracy" if metric == "accuracy" else "loss"]
+    return max(SPREADS * std, floor)
+
+
+def write_baseline(path: Path, models: Path) -> dict:
+    baseline = {
+        "about": ABOUT.format(spreads=SPREADS, accuracy=FLOORS["accuracy"], loss=FLOORS["loss"]),
+        "format": FORMAT,
+        "spreads": SPREADS,
+        "floors": FLOORS,
+        "models": {},
+    }
+    for model, seeds in trained_seeds(models).items():
+        names = sorted(set.intersection(*(set(m) for m in seeds.values())))
+        entry = {}
+        for name in names:
+            values = [seeds[seed][name] for seed in sorted(seeds)]
+            std = statistics.stdev(values) if len(values) > 1 else 0.0
+            entry[name] = {
+                "mean": statistics.fmean(values),
+                "std": std,
+                "tolerance": tolerance(name, std),
+                "seeds": {str(seed): seeds[seed][name] for seed in sorted(seeds)},
+            }
+        baseline["models"][model] = entry
+    atomic_write_json(path, baseline)
+    return baseline
+
+
+def compare(baseline: dict, models: Path) -> list[str]:
+    """Every checked value outside its tolerance, as a line naming model, seed and metric."""
+    problems = []
+    found = trained_seeds(models)
+    for model, seeds in sorted(found.items()):
+        expected = baseline["models"].get(model)
+        if expected is None:
+            problems.append(f"{model}: not in the baseline")
+            continue
+        for seed, metrics in sorted(seeds.items()):
+            for name, spec in sorted(expected.items()):
+                value = metrics.get(name)
+                if value is None:
+                    problems.append(f"{model} seed {seed}: {name} missing")
+                elif not math.isfinite(value) or abs(value - spec["mean"]) > spec["tolerance"]:
+                    problems.append(
+                        f"{model} seed {seed}: {name} {value:.4f}, reference "
+                        f"{spec['mean']:.4f} ± {spec['tolerance']:.4f} "
+                        f"({SPREADS:g} seed std {spec['std']:.4f}, or the floor)"
+                    )
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    from setdlm.util.errors import ArgumentParser
+
+    parser = ArgumentParser(
+        prog="setdlm check-training",
+        description="compare trained models' losses and accuracy with the reference seeds' spread",
+    )
+    parser.add_argument("models", type=Path, help="a models folder with <model>/seed-<k>/")
+    parser.add_argument("--baseline", type=Path, default=DEFAULT_BASELINE)
+    parser.add_argument("--write", action="store_true", help="write the baseline from MODELS")
+    args = parser.parse_args(argv)
+    if not args.models.is_dir():
+        parser.error(f"{args.models}: not a folder")
+    if args.write:
+        baseline = write_baseline(args.baseline, args.models)
+        print(f"wrote {args.baseline}: {len(baseline['models'])} models")
+        return 0
+    try:
+        baseline = json.loads(args.baseline.read_text())
+    except (OSError, ValueError) as error:
+        raise TrainingCheckError(f"{args.baseline}: cannot read it ({error})") from None
+    problems = compare(baseline, args.models)
+    for problem in problems:
+        print(f"FAIL {problem}")
+    checked = sum(len(seeds) for seeds in trained_seeds(args.models).values())
+    verdict = "FAILED" if problems else "PASSED"
+    print(
+        f"setdlm check-training {verdict}: {checked} trained model(s) in {args.models} against "
+        f"{args.baseline}",
+        file=sys.stdout,
+    )
+    return 1 if problems else 0
