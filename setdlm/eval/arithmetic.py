@@ -75,7 +75,7 @@ GRAMMARS = {
         Grammar("arithmetic-2", (2, 30), 49, 9, ((2, 40),), (2, 3)),
         # the same problems' numbers, each "+" and "*" step written with its operands in either
         # order: a model is unsure how a line starts, so tokens decoded in parallel can disagree
-        # (the default since issue 24, trained by narrower models that do not reach 100 %)
+        # (the default's since issue 24)
         Grammar("arithmetic-3", (2, 30), 49, 9, ((2, 40),), (2, 3), either_order=True),
     )
 }
