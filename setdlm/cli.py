@@ -15,15 +15,20 @@ from setdlm.util.progress import QUIET_ENV
 from setdlm.util.validation import (
     BATCH_SIZE,
     BLOCK_SIZE,
-    COUNT,
+    EXAMPLES,
+    HEADS,
+    LENGTH,
     NEW_TOKENS,
+    REPEATS,
     SEED,
     THREADS,
     THRESHOLD,
+    TOKENS,
     WINDOW,
     SettingError,
     budget_errors,
     option,
+    output_path,
     raise_for,
 )
 
@@ -72,7 +77,7 @@ def _main(argv: list[str]) -> int:
         help="train the four tiny families on WikiText-2 and "
         "decode with each (the embedded default job)",
     )
-    tiny.add_argument("--out", type=Path, default=Path("results/runs/tiny"))
+    tiny.add_argument("--out", type=output_path, default=Path("results/runs/tiny"))
     tiny.add_argument(
         "--steps",
         type=option("$defs/train/properties/steps"),
@@ -96,9 +101,12 @@ def _main(argv: list[str]) -> int:
     )
     legacy.add_argument("checkpoint", type=Path, help="the .ckpt file")
     legacy.add_argument("--family", choices=LEGACY_FAMILIES, required=True)
-    legacy.add_argument("--out", type=Path, required=True, help="model folder to write")
-    legacy.add_argument("--heads", type=int, default=None, help="attention heads (default 12)")
-    legacy.add_argument("--length", type=int, default=None, help="model length (default 1024)")
+    legacy.add_argument("--out", type=output_path, required=True, help="model folder to write")
+    legacy.add_argument(
+        "--force", action="store_true", help="replace the model folder --out if there is one"
+    )
+    legacy.add_argument("--heads", type=HEADS, default=None, help="attention heads (default 12)")
+    legacy.add_argument("--length", type=LENGTH, default=None, help="model length (default 1024)")
     legacy.add_argument(
         "--raw-weights", action="store_true", help="the training weights, not the EMA ones"
     )
@@ -153,7 +161,7 @@ def _main(argv: list[str]) -> int:
         "lm-eval-tasks",
         help="write offline lm-eval task files (GSM8K local and the paper protocol)",
     )
-    tasks.add_argument("folder", type=Path)
+    tasks.add_argument("folder", type=output_path)
     tasks.add_argument("--source", choices=("auto", "local", "hub"), default="auto")
 
     # Subcommands with their own argument parsers (arguments pass through).
@@ -169,7 +177,7 @@ def _main(argv: list[str]) -> int:
         "family decodes a few tokens on this machine (nothing downloaded; about 4 min on 2 CPUs)",
     )
     real_size.add_argument("--tokenizer", default=None, help="default: the data folder's qwen3")
-    real_size.add_argument("--new-tokens", type=COUNT, default=6)
+    real_size.add_argument("--new-tokens", type=TOKENS, default=6)
     gpu = bench_commands.add_parser(
         "gpu",
         help="the prepared accelerator check: copy bandwidth, forward latency against tokens "
@@ -179,20 +187,20 @@ def _main(argv: list[str]) -> int:
     gpu.add_argument("--size", choices=("real", "tiny"), default="real")
     gpu.add_argument("--batch-size", type=BATCH_SIZE, default=16)
     gpu.add_argument("--compile", action="store_true", help="also with torch.compile")
-    gpu.add_argument("--new-tokens", type=COUNT, default=32, help="the budget of every row")
+    gpu.add_argument("--new-tokens", type=TOKENS, default=32, help="the budget of every row")
     _add_stop_lengths(gpu, "")
-    gpu.add_argument("--out", type=Path, default=None, help="also write the figures as JSON")
+    gpu.add_argument("--out", type=output_path, default=None, help="also write the figures as JSON")
     decode = bench_commands.add_parser(
         "decode", help="decode the same prompts with all four families on one tiny backbone"
     )
     decode.add_argument("--backbone", choices=("qwen3", "dit"), default="qwen3")
     decode.add_argument("--layers", type=option("$defs/train/properties/num_layers"), default=4)
     decode.add_argument("--hidden", type=option("$defs/train/properties/hidden_size"), default=256)
-    decode.add_argument("--prompt-tokens", type=COUNT, default=32)
-    decode.add_argument("--new-tokens", type=COUNT, default=128)
+    decode.add_argument("--prompt-tokens", type=TOKENS, default=32)
+    decode.add_argument("--new-tokens", type=TOKENS, default=128)
     decode.add_argument("--batch-size", type=BATCH_SIZE, default=1)
     decode.add_argument("--thresholds", type=THRESHOLD, nargs="+", default=[1e6, 0.9])
-    decode.add_argument("--repeats", type=COUNT, default=3)
+    decode.add_argument("--repeats", type=REPEATS, default=3)
     decode.add_argument(
         "--continuous",
         action="store_true",
@@ -200,7 +208,7 @@ def _main(argv: list[str]) -> int:
         "size over --prompts random prompts of varied lengths (aggregate tok/s)",
     )
     decode.add_argument("--batch-sizes", type=BATCH_SIZE, nargs="+", default=[1, 4, 16])
-    decode.add_argument("--prompts", type=COUNT, default=256, help="with --continuous")
+    decode.add_argument("--prompts", type=EXAMPLES, default=256, help="with --continuous")
     _add_stop_lengths(decode, "with --continuous and random models: ")
     decode.add_argument(
         "--models",
@@ -236,6 +244,7 @@ def _import_legacy(args) -> int:
     from setdlm.checkpoints.folders import save_model
     from setdlm.checkpoints.legacy import load_lightning
 
+    _refuse_to_replace(args.out, args.force)
     model = load_lightning(
         args.checkpoint,
         args.family,
@@ -248,6 +257,23 @@ def _import_legacy(args) -> int:
     weights = "raw" if args.raw_weights else "EMA"
     print(f"{folder}: {args.family} DiT, {parameters:,} parameters ({weights} weights)")
     return 0
+
+
+def _refuse_to_replace(out: Path, force: bool) -> None:
+    """``save_model`` puts the new folder in the place of ``out``, removing what was there:
+    an existing model folder only with ``--force``, and never anything else."""
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    if not ((out / "config.json").is_file() and (out / "model.safetensors").is_file()):
+        raise SettingError(
+            f"--out {out}: exists and is not a model folder (no config.json and "
+            "model.safetensors), so it is not replaced; expected a new folder"
+        )
+    if not force:
+        raise SettingError(
+            f"--out {out}: a model folder is already there; expected a new folder, or --force "
+            "to replace this one"
+        )
 
 
 def _parity(args) -> int:
@@ -343,6 +369,8 @@ def _bench_decode(args) -> int:
     )
     if args.stop_lengths is not None and not args.continuous:
         raise SettingError("--stop-lengths goes with --continuous (the batching benchmark)")
+    if args.models is None and args.stop_lengths is None:
+        raise_for(_bench_budget_errors(settings, args.continuous))
     if args.continuous:
         if args.models is not None and args.stop_lengths is not None:
             raise SettingError(
@@ -358,6 +386,15 @@ def _bench_decode(args) -> int:
     else:
         bench_decode(settings)
     return 0
+
+
+def _bench_budget_errors(settings, continuous: bool) -> list[str]:
+    """The random models' length holds the longest prompt and the budget (the continuous
+    benchmark's random prompts run up to twice --prompt-tokens); past it a backbone would
+    decode positions the model does not have."""
+    longest = 2 * settings.prompt_tokens if continuous else settings.prompt_tokens
+    where = "--new-tokens (with --prompt-tokens)"
+    return budget_errors(settings.new_tokens, settings.length, where, longest)
 
 
 def _models(args) -> int:

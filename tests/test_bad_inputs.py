@@ -234,7 +234,7 @@ CASES = [
     Bad("eval-missing-out", "eval gsm8k --model {models}/ar", ("--out",)),
     Bad("uncond-reject-two", UNCOND + " --reject 1,2", ("--reject", "ENTROPY,LENGTH")),
     Bad("uncond-reject-text", UNCOND + " --reject a,b,c", ("--reject", "number")),
-    Bad("uncond-samples-zero", UNCOND + " --samples 0", ("--samples", ">= 1")),
+    Bad("uncond-samples-zero", UNCOND + " --samples 0", ("--samples", ">= 2")),
     Bad("uncond-references-one", UNCOND + " --num-references 1", ("--num-references", ">= 2")),
     Bad(
         "uncond-offline-defaults",

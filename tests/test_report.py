@@ -625,6 +625,10 @@ def test_other_numerics_are_held_to_the_statistical_and_declared_tolerances(
         metrics["examples"] -= 1
 
     _edit(run_copy, point, lost_examples)
+    # one example fewer in the samples too: a run that decoded fewer (samples that no longer
+    # back their metrics.json are refused before the comparison, tests/test_bad_inputs_sweep.py)
+    samples = run_copy / point / "samples.jsonl"
+    samples.write_text("".join(samples.read_text().splitlines(keepends=True)[:-1]))
     assert _check("--baseline", baseline, run_copy) == 1
     assert "examples" in capsys.readouterr().out
 

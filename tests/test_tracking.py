@@ -224,12 +224,18 @@ def test_a_second_sync_creates_nothing_and_a_remeasured_value_is_appended(result
     client = _client(results)
     _assert_one_finished_run_per_point(client, results)
 
-    # The same configuration measured again (new speed; a NaN and an infinity as some metrics
-    # report them): one run still, the new value appended once, unchanged values left alone.
+    # The same configuration measured again (new speed; a NaN and an infinity beside a value,
+    # as some metrics report them; a NaN value itself is refused, tests/test_bad_inputs_sweep.py):
+    # one run still, the new value appended once, unchanged values left alone.
     path = folder / "cnndm" / "setdlm" / "tau-0.9" / "metrics.json"
     metrics = json.loads(path.read_text())
     metrics["speed"]["tokens_per_second_mean"] *= 2
-    metrics["quality"]["odd"] = {"value": math.nan, "std": math.inf, "definition": "edge case"}
+    metrics["quality"]["odd"] = {
+        "value": 0.25,
+        "std": math.nan,
+        "upper": math.inf,
+        "definition": "edge case",
+    }
     path.write_text(json.dumps(metrics))
     assert sync_main([str(folder)]) == 0
     assert f"0 created, 1 updated, {len(POINTS) - 1} unchanged" in capsys.readouterr().out
@@ -242,7 +248,8 @@ def test_a_second_sync_creates_nothing_and_a_remeasured_value_is_appended(result
     history = client.get_metric_history(run.info.run_id, "speed.tokens_per_second_mean")
     assert [m.step for m in history] == [0, 1]
     assert history[1].value == pytest.approx(metrics["speed"]["tokens_per_second_mean"])
-    assert math.isnan(run.data.metrics["quality.odd"])
+    assert run.data.metrics["quality.odd"] == 0.25
+    assert math.isnan(run.data.metrics["quality.odd.std"])
     assert len(client.get_metric_history(run.info.run_id, "quality.odd")) == 1
     assert len(client.get_metric_history(run.info.run_id, "quality.odd.std")) == 1
     assert len(client.get_metric_history(run.info.run_id, "speed.nfe_mean")) == 1

@@ -19,6 +19,7 @@ tolerance noticeably; ``strict=True`` keeps the nominal tolerances.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from setdlm.checkpoints.folders import config_from_official, load_state, read_weights
@@ -35,6 +37,7 @@ from setdlm.core.decoding import DecodeConfig
 from setdlm.core.schedules import LinearSchedule, StaggeredSchedule
 from setdlm.families import build_model, with_knobs
 from setdlm.families import family as family_info
+from setdlm.util.errors import DataError
 
 LOGITS_ATOL = 1e-6
 LOSS_RTOL = 1e-5
@@ -81,27 +84,71 @@ def _tolerance(nominal: float, float32_error: float | None, strict: bool) -> tup
     return widened, note
 
 
+class FixtureError(DataError):
+    """An official-parity fixture with a file missing, unreadable or without an entry."""
+
+
+FIXTURE_FILES = "reference.json, config.json, model.safetensors, reference_tensors.safetensors"
+
+
 def fixture_cases(root: Path) -> list[Path]:
     return sorted(p for p in Path(root).iterdir() if (p / "reference.json").exists())
 
 
 def check_case(folder: Path, strict: bool = False) -> list[Check]:
     folder = Path(folder)
-    reference = json.loads((folder / "reference.json").read_text())
-    config = dataclasses.replace(
-        config_from_official(json.loads((folder / "config.json").read_text()), folder),
-        official_compat=True,
-    )
+    reference = read_fixture_json(folder / "reference.json")
+    config_file = folder / "config.json"
+    with malformed(config_file):
+        official = config_from_official(read_fixture_json(config_file), folder)
+    config = dataclasses.replace(official, official_compat=True)
     weights = read_weights(folder)
     case = folder.name
     eval_model = _loaded(config, weights, folder).eval()
     train_model = _loaded(_without_dropout(config), weights, folder).train()
-    checks = [_backbone_logits(case, eval_model, folder, reference, strict)]
-    checks += _loss(case, eval_model, reference, "eval_loss", strict)
-    checks += _loss(case, train_model, reference, "train_loss", strict)
-    for run in reference["generation"]:
-        checks += _generation(case, eval_model, run)
+    with malformed(folder / "reference.json"):
+        checks = [_backbone_logits(case, eval_model, folder, reference, strict)]
+        checks += _loss(case, eval_model, reference, "eval_loss", strict)
+        checks += _loss(case, train_model, reference, "train_loss", strict)
+        for run in reference["generation"]:
+            checks += _generation(case, eval_model, run)
     return checks
+
+
+def read_fixture_json(path: Path) -> dict:
+    """A fixture's JSON object, or a FixtureError naming the file."""
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as error:
+        raise FixtureError(
+            f"{path}: cannot read it ({error.strerror or error}); a fixture folder holds "
+            f"{FIXTURE_FILES}"
+        ) from None
+    except ValueError as error:  # not JSON, or not UTF-8 text
+        raise FixtureError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(value, dict):
+        raise FixtureError(f"{path}: expected a JSON object, got a {type(value).__name__}")
+    return value
+
+
+@contextlib.contextmanager
+def malformed(path: Path):
+    """An entry a fixture file lacks or holds in another shape (a KeyError deep in a check)
+    becomes an error naming the file; SETDLM_TRACEBACK=1 still shows where it was read."""
+    try:
+        yield
+    except (KeyError, IndexError, TypeError) as error:
+        raise FixtureError(
+            f"{path}: a malformed fixture ({type(error).__name__}: {error}); expected the "
+            "entries the official exporter writes (the fixtures' README)"
+        ) from error
+
+
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(path)
+    except (OSError, SafetensorError) as error:
+        raise FixtureError(f"{path}: not a readable safetensors file ({error})") from None
 
 
 def _loaded(config, weights, folder):
@@ -116,7 +163,7 @@ def _in_float64(model):
 
 # ------------------------------------------------------------------------------ backbone
 def _backbone_logits(case, model, folder, reference, strict) -> Check:
-    recorded = load_file(folder / "reference_tensors.safetensors")
+    recorded = _read_tensors(folder / "reference_tensors.safetensors")
     call = reference["backbone_forward"]
     input_ids = recorded[call["input_ids_key"]]
     batch, length = input_ids.shape
@@ -307,9 +354,10 @@ SCHEDULE_RTOL = 1e-12  # float64 closed forms: room for another libm, far below 
 def check_schedules(path: Path) -> list[Check]:
     """Every number of a ``noise_schedules.json`` (official StaggeredNoise and LinearNoise)."""
     checks = []
-    for name, recorded in json.loads(Path(path).read_text()).items():
-        checks += _staggered_checks(f"schedule {name}", recorded["staggered"])
-        checks += _linear_checks(f"schedule {name}", recorded["linear"])
+    with malformed(path):
+        for name, recorded in read_fixture_json(path).items():
+            checks += _staggered_checks(f"schedule {name}", recorded["staggered"])
+            checks += _linear_checks(f"schedule {name}", recorded["linear"])
     return checks
 
 

@@ -13,11 +13,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from setdlm.util.hub import hub_offline
+from setdlm.util.errors import DataError
+from setdlm.util.hub import hub_network_errors, hub_offline
 from setdlm.util.paths import DataNotFoundError
 
 ORG = "kuleshov-group"
@@ -96,14 +98,35 @@ class PublishedModel:
         return {knob: value for knob, value in values.items() if knob in knobs and value}
 
 
+class RevisionsFileError(DataError):
+    """The published-revisions file is not what ``setdlm models --pin`` writes."""
+
+
+REVISIONS_EXPECTED = (
+    'expected {"<key>": "<40-hex-digit commit>", ...} as `setdlm models --pin` writes it '
+    "(or no file: every key unpinned)"
+)
+
+
 def pinned_revisions() -> dict[str, str]:
     """key -> pinned Hub commit, from ``REVISIONS_FILE`` (checked: 40 hex digits each)."""
     if not REVISIONS_FILE.exists():
         return {}
-    pins = json.loads(REVISIONS_FILE.read_text())
+    try:
+        pins = json.loads(REVISIONS_FILE.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:  # ValueError: not JSON, or not even UTF-8 text
+        raise RevisionsFileError(
+            f"{REVISIONS_FILE}: not valid JSON ({error}); {REVISIONS_EXPECTED}"
+        ) from None
+    if not isinstance(pins, dict):
+        raise RevisionsFileError(
+            f"{REVISIONS_FILE}: a JSON {type(pins).__name__}; {REVISIONS_EXPECTED}"
+        )
     bad = {key: value for key, value in pins.items() if not COMMIT.match(str(value))}
     if bad:
-        raise ValueError(f"{REVISIONS_FILE}: not 40-hex-digit commits: {bad}")
+        raise RevisionsFileError(
+            f"{REVISIONS_FILE}: not 40-hex-digit commits: {bad}; {REVISIONS_EXPECTED}"
+        )
     return pins
 
 
@@ -167,8 +190,40 @@ def _published() -> dict[str, PublishedModel]:
     pins = pinned_revisions()
     unknown = sorted(set(pins) - set(models))
     if unknown:
-        raise ValueError(f"{REVISIONS_FILE}: unknown keys {unknown}")
+        raise RevisionsFileError(
+            f"{REVISIONS_FILE}: unknown keys {unknown} (the published ones: `setdlm models`); "
+            f"{REVISIONS_EXPECTED}"
+        )
     return {key: dataclasses.replace(m, revision=pins.get(key)) for key, m in models.items()}
+
+
+class PublishedTable(MutableMapping):
+    """The published table, built when first used: built at import, a malformed revisions
+    file would stop every command (``--help`` included), not only those that need a
+    checkpoint. A mapping like the dict it builds (tests replace entries in it)."""
+
+    def __init__(self):
+        self._table: dict[str, PublishedModel] | None = None
+
+    def _built(self) -> dict[str, PublishedModel]:
+        if self._table is None:
+            self._table = _published()
+        return self._table
+
+    def __getitem__(self, key: str) -> PublishedModel:
+        return self._built()[key]
+
+    def __setitem__(self, key: str, value: PublishedModel) -> None:
+        self._built()[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self._built()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._built())
+
+    def __len__(self) -> int:
+        return len(self._built())
 
 
 class Loaded(NamedTuple):
@@ -194,8 +249,7 @@ def snapshot_commit(folder: Path) -> str | None:
     return None
 
 
-PUBLISHED = _published()
-BY_HUB_ID = {model.hub_id: model for model in PUBLISHED.values()}
+PUBLISHED = PublishedTable()
 _ALIAS = re.compile(r"^(?P<task>\w+):setdlm-d(?P<d>\d+)$")
 
 
@@ -204,7 +258,8 @@ def resolve(name: str) -> PublishedModel | None:
     match = _ALIAS.match(name)
     if match:
         name = f"{match['task']}:setdlm-smax{2 * int(match['d'])}"
-    return PUBLISHED.get(name) or BY_HUB_ID.get(name)
+    by_hub_id = {model.hub_id: model for model in PUBLISHED.values()}
+    return PUBLISHED.get(name) or by_hub_id.get(name)
 
 
 def load_pretrained(name: str, revision: str | None = None) -> Loaded:
@@ -307,9 +362,30 @@ def pin_revisions(keys: list[str]) -> dict[str, str]:
     if hub_offline():
         raise CheckpointError("pinning reads the Hub's current commits; the Hub is offline here")
     pins = pinned_revisions()
-    new = {spec.key: HfApi().model_info(spec.hub_id).sha for spec in specs}
+    new = {spec.key: _main_commit(HfApi(), spec.hub_id) for spec in specs}
     atomic_write_json(REVISIONS_FILE, dict(sorted({**pins, **new}.items())))
     return new
+
+
+def _main_commit(api, hub_id: str) -> str:
+    """The commit ``hub_id``'s main branch is at; a Hub that cannot be reached (no network, a
+    refused request) is one line naming the repository, not the HTTP client's traceback."""
+    from setdlm.checkpoints.folders import CheckpointError
+
+    try:
+        return api.model_info(hub_id).sha
+    except hub_network_errors() as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        # an HTTP answer (a repository not found, a refused token) is not an offline machine
+        answered = getattr(error, "response", None) is not None
+        what = (
+            "the Hugging Face Hub refused it" if answered else "cannot reach the Hugging Face Hub"
+        )
+        raise CheckpointError(
+            f"{hub_id}: {what} ({type(error).__name__}: {reason}); pinning reads the Hub's "
+            f"current commits: run it on a machine that is not offline (nothing was written "
+            f"to {REVISIONS_FILE.name})"
+        ) from None
 
 
 def apply_published_settings(model, spec: PublishedModel):

@@ -22,13 +22,14 @@ from setdlm.util.validation import (
     BLOCK_SIZE,
     THRESHOLD,
     WINDOW,
-    SettingError,
     block_errors,
     budget_errors,
     knob_errors,
+    output_path,
     raise_for,
     task_settings,
     tokenizer_errors,
+    torch_device,
     warmup_errors,
 )
 
@@ -63,7 +64,7 @@ def add_parsers(commands) -> None:
     }
     for name, parser in parsers.items():
         parser.add_argument("--model", required=True, help="folder, key or Hub id")
-        parser.add_argument("--out", type=Path, required=True)
+        parser.add_argument("--out", type=output_path, required=True)
         parser.add_argument("--tokenizer", default=None, help="default: the model's own")
         parser.add_argument(
             "--device", default="auto", help="cpu, cuda, cuda:N, or auto (a GPU when there is one)"
@@ -196,13 +197,7 @@ def _device(name: str):
 
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise SettingError(f"--device {name!r}: expected cpu, cuda, cuda:N or auto") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SettingError(f"--device {name}: no CUDA device is available (use cpu or auto)")
-    return device
+    return torch_device(name, hint=" (use cpu or auto)")
 
 
 def _own_policy(family: str) -> str:

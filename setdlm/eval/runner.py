@@ -135,10 +135,27 @@ def finished_metrics(out_dir: Path, digest: str) -> dict | None:
     """``out_dir``'s metrics.json when it is the finished result of configuration ``digest``."""
     metrics_path = out_dir / "metrics.json"
     if metrics_path.exists():
-        finished = json.loads(metrics_path.read_text())
+        finished = _folder_json(metrics_path)
         if finished.get("config_hash") == digest:
             return finished
     return None
+
+
+TAKE_ANOTHER = "use another output folder (or delete it to start over)"
+
+
+def _folder_json(path: Path) -> dict:
+    """A JSON object of the output folder (run.json, metrics.json). One that is not JSON, or
+    not an object, is no evaluation's: it is refused, not overwritten."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as error:  # not JSON, or not UTF-8 text
+        raise ResultFolderTaken(f"{path}: not valid JSON ({error}); {TAKE_ANOTHER}") from None
+    if not isinstance(value, dict) or "config_hash" not in value:
+        raise ResultFolderTaken(
+            f"{path}: not written by `setdlm eval` (no config_hash); {TAKE_ANOTHER}"
+        )
+    return value
 
 
 def run_evaluation(
@@ -305,8 +322,15 @@ def _batches(examples: list[Example], size: int | None):
 def claim_folder(out_dir: Path, identity: dict, digest: str) -> None:
     """Record which configuration this folder's samples belong to; refuse to mix two."""
     run_path = out_dir / "run.json"
+    foreign = [name for name in FOLDER_RESULT_FILES if (out_dir / name).exists()]
+    if not run_path.exists() and foreign:
+        # results of no evaluation this command can tell: appending to them would mix them
+        raise ResultFolderTaken(
+            f"{out_dir} holds {', '.join(foreign)} but no run.json (results of no known "
+            f"evaluation); {TAKE_ANOTHER}"
+        )
     if run_path.exists():
-        existing = json.loads(run_path.read_text())
+        existing = _folder_json(run_path)
         # A folder claimed by a run that wrote no sample yet (it stopped on a bad input) holds
         # nothing to protect: the corrected run takes it over.
         if existing["config_hash"] != digest and SampleLog(out_dir / "samples.jsonl").load():
@@ -320,6 +344,10 @@ def claim_folder(out_dir: Path, identity: dict, digest: str) -> None:
     atomic_write_json(
         run_path, {"config_hash": digest, "config": identity, "started_at": utc_now()}
     )
+
+
+# What an evaluation writes beside run.json, its claim on the folder.
+FOLDER_RESULT_FILES = ("samples.jsonl", "metrics.json", "throughput.json")
 
 
 def utc_now() -> str:

@@ -76,6 +76,7 @@ from setdlm.eval.timing import (
     synchronized_timer,
 )
 from setdlm.families import family as family_info
+from setdlm.util.errors import DataError
 from setdlm.util.hub import hub_offline, load_hub_dataset, unreachable
 from setdlm.util.progress import progress_bar
 from setdlm.util.validation import SettingError
@@ -218,6 +219,7 @@ class UnconditionalTask(Task):
                 f"{model.config.length}; lower max_new_tokens"
             )
         self._refuse_unreachable_scorers()
+        self._refuse_short_reference_pool(tokenizer, model.config.length)
         self._prepared = (tokenizer, model)
         prompt = tokenizer.decode([bos], skip_special_tokens=False)
         return [
@@ -249,6 +251,29 @@ class UnconditionalTask(Task):
             )
         if problems:
             raise SettingError("cannot score offline:\n  " + "\n  ".join(problems))
+
+    def _refuse_short_reference_pool(self, tokenizer, length: int) -> None:
+        """Before any sample is generated: the references must hold ``num_references`` chunks
+        of the model's length, or MAUVE would fail after every sample was generated. Only as
+        many documents as that takes are tokenized."""
+        scoring = self.scoring
+        try:
+            pool = load_reference_pool(
+                scoring.references,
+                tokenizer,
+                length,
+                scoring.num_references,
+                scoring.reference_revision,
+            )
+            chunks = len(pool.chunks)
+        except ValueError:  # not even one chunk of the model's length
+            chunks = 0
+        if chunks < scoring.num_references:
+            raise SettingError(
+                f"--num-references {scoring.num_references} (num_references:): the "
+                f"{scoring.references} references hold {chunks} chunks of {length} tokens; "
+                f"expected at most {chunks}"
+            )
 
     def decode_config(self, base: DecodeConfig, tokenizer) -> DecodeConfig:
         if tokenizer.eos_token_id is None:
@@ -586,9 +611,10 @@ def _mauve_metrics(ids, tokenizer, length: int, scoring: ScoringSettings, featur
     generations = [generation_text(tokens, tokenizer, scoring.text_protocol) for tokens in ids]
     policy = apply_empty_policy(generations, scoring.empty_policy, scoring.empty_placeholder)
     if len(policy.texts) < 2:
-        raise ValueError(
+        raise DataError(
             f"MAUVE needs at least 2 generations, but {len(policy.empty)} of {len(ids)} are empty "
-            f"and empty_policy={scoring.empty_policy!r} leaves {len(policy.texts)}"
+            f"and empty_policy={scoring.empty_policy!r} leaves {len(policy.texts)}; the samples "
+            "are kept in samples.jsonl (expected more samples, or a model that writes text)"
         )
     pool = load_reference_pool(
         scoring.references,

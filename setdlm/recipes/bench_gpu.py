@@ -39,6 +39,7 @@ from setdlm.recipes.bench import (
     stop_lengths,
 )
 from setdlm.util.errors import UserError
+from setdlm.util.validation import budget_errors, raise_for, torch_device
 
 
 @dataclass(frozen=True)
@@ -57,12 +58,13 @@ class GpuCheckSettings:
 
 def check_gpu(settings: GpuCheckSettings = GpuCheckSettings(), log=print) -> dict:
     """Run the three measurements; returns them (and logs one table each)."""
-    device = torch.device(settings.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(
-            f"--device {settings.device}: no CUDA device here; to try the script on this "
-            "machine pass --device cpu --size tiny"
+    hint = "; to try the script on this machine pass --device cpu --size tiny"
+    device = torch_device(settings.device, hint=hint)
+    raise_for(
+        budget_errors(
+            settings.new_tokens, model_length(settings), "--new-tokens", settings.prompt_tokens
         )
+    )
     bandwidth = copy_bandwidth(device, settings.copy_megabytes)
     log(f"copy bandwidth: {bandwidth / 1e9:.1f} GB/s ({device}, {_device_name(device)})")
     report = {"device": _device_name(device), "bandwidth_bytes_per_second": bandwidth}
@@ -229,6 +231,15 @@ def _failed(family: str, size: int, batching: str, error: Exception) -> dict:
         "nfe": 0,
         "error": f"{type(error).__name__}: {error}",
     }
+
+
+def model_length(settings: GpuCheckSettings) -> int:
+    """The length of the models the check builds."""
+    if settings.size == "real":
+        from setdlm.recipes.real_size import LENGTH
+
+        return LENGTH
+    return BenchSettings().length
 
 
 def _model(family: str, settings: GpuCheckSettings):

@@ -143,15 +143,18 @@ def _trained_generator(model_dir: Path) -> str:
 
 def main(argv: list[str]) -> int:
     from setdlm.util.errors import ArgumentParser
+    from setdlm.util.validation import EXAMPLES, output_path
 
     parser = ArgumentParser(prog="setdlm analyze-errors", description=__doc__.split("\n\n")[0])
     parser.add_argument("models", type=Path, nargs="+", help="arithmetic model folders")
-    parser.add_argument("--problems", type=int, default=100, help="test problems (default 100)")
+    parser.add_argument(
+        "--problems", type=EXAMPLES, default=100, help="test problems (default 100)"
+    )
     parser.add_argument("--generator", default=None, help="default: the model's training one")
-    parser.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
+    parser.add_argument(
+        "--out", type=output_path, default=None, help="also write the results as JSON"
+    )
     args = parser.parse_args(argv)
-    if args.problems < 1:
-        parser.error(f"--problems {args.problems}: expected an integer >= 1")
     results = []
     for folder in args.models:
         if not (folder / "config.json").is_file():

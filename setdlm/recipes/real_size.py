@@ -25,6 +25,7 @@ from setdlm.core.decoding import DecodeConfig
 from setdlm.eval.timing import peak_memory_bytes
 from setdlm.families import FAMILY_NAMES, build_model, with_knobs
 from setdlm.families import family as family_info
+from setdlm.util.validation import budget_errors, raise_for
 
 # Qwen3-1.7B-Base's config.json (its public Hub file), the backbone of the GSM8K checkpoints.
 QWEN3_1_7B = {
@@ -173,6 +174,7 @@ def build_real_size(family: str, ids: TokenIds, dtype=torch.bfloat16, device="cp
 def real_size_smoke(tokenizer, new_tokens: int = 6, families=None, log=print) -> list[SmokeRow]:
     """Build each family at size and decode ``new_tokens`` tokens of a GSM8K question."""
     prompt = tokenizer.encode(QUESTION + "\nAnswer:", add_special_tokens=False)
+    raise_for(budget_errors(new_tokens, LENGTH, "--new-tokens", len(prompt)))
     rows = []
     log(HEADER)
     for family in families or FAMILY_NAMES:

@@ -51,7 +51,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from setdlm.report.table import hardware_summary
-from setdlm.results.reader import ResultPoint, Results, is_number
+from setdlm.results.reader import (
+    ResultError,
+    ResultPoint,
+    Results,
+    is_number,
+    point_sample_problems,
+)
 from setdlm.util.errors import UserError
 from setdlm.util.files import atomic_write_json
 
@@ -93,6 +99,17 @@ class Difference:
     baseline: str
     now: str
     tolerance: str
+
+
+def refuse_unbacked_results(results: Results) -> None:
+    """Every point's samples.jsonl must hold the examples its metrics.json counts: metrics
+    whose samples were lost or cut would pass the comparison while nothing backs them."""
+    problems = [problem for point in results.points for problem in point_sample_problems(point)]
+    if problems:
+        raise ResultError(
+            "; ".join(problems) + " (the samples no longer back the metrics.json beside "
+            "them, so it is not checked: rerun the point, as the workflow does itself)"
+        )
 
 
 def checked_metrics(point: ResultPoint) -> dict[str, float]:

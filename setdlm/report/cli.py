@@ -13,6 +13,7 @@ from setdlm.report.tables import TABLES
 from setdlm.results.layout import TASK_FIELDS
 from setdlm.results.reader import ResultError, load_results
 from setdlm.util.errors import ArgumentParser
+from setdlm.util.validation import output_path
 
 FIGURE_TASKS = tuple(TASK_FIELDS)  # every decoding task; likelihood has no speed to plot
 
@@ -24,13 +25,13 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="what", required=True)
     tables = commands.add_parser("tables", help="the paper's tables as Markdown, CSV and LaTeX")
     tables.add_argument("run_dir", type=Path, help="results/runs/<config name>")
-    tables.add_argument("--out", type=Path, help="default: results/tables/<run name>")
+    tables.add_argument("--out", type=output_path, help="default: results/tables/<run name>")
     tables.add_argument(
         "--only", nargs="+", choices=TABLES, default=TABLES, help="these tables only"
     )
     figures = commands.add_parser("figures", help="speed-quality Pareto figures (PNG and PDF)")
     figures.add_argument("run_dir", type=Path, help="results/runs/<config name>")
-    figures.add_argument("--out", type=Path, help="default: results/figures/<run name>")
+    figures.add_argument("--out", type=output_path, help="default: results/figures/<run name>")
     figures.add_argument(
         "--only", nargs="+", choices=FIGURE_TASKS, default=FIGURE_TASKS, help="these tasks only"
     )
@@ -44,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         "curves", help="learning curves (accuracy and loss along training, a line per seed)"
     )
     curves.add_argument("models", type=Path, help="a models folder (results/runs/<name>/models)")
-    curves.add_argument("--tables", type=Path, required=True, help="folder of the tables")
-    curves.add_argument("--figures", type=Path, required=True, help="folder of the figure")
+    curves.add_argument("--tables", type=output_path, required=True, help="folder of the tables")
+    curves.add_argument("--figures", type=output_path, required=True, help="folder of the figure")
     args = parser.parse_args(argv)
     if args.what == "curves":
         from setdlm.report.curves import write_curves
@@ -98,6 +99,7 @@ def check_main(argv: list[str] | None = None) -> int:
         compare,
         failure_report,
         load_baseline,
+        refuse_unbacked_results,
         write_baseline,
     )
 
@@ -112,6 +114,7 @@ def check_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         results = load_results(args.run_dir)
+        refuse_unbacked_results(results)
         if args.write:
             return _write(results, args.baseline, write_baseline)
         baseline = load_baseline(args.baseline)

@@ -247,6 +247,7 @@ def compare(baseline: dict, decoded: list[Decoded]) -> list[PointCheck]:
 
 def main(argv: list[str] | None = None) -> int:
     from setdlm.util.errors import ArgumentParser
+    from setdlm.util.validation import EXAMPLES, SEED
 
     parser = ArgumentParser(
         prog="setdlm check-decoding",
@@ -258,9 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         "--models", type=Path, default=None, help="default: the configuration's reference_models"
     )
     parser.add_argument("--baseline", type=Path, default=DEFAULT_BASELINE)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="default: seed 0")
+    parser.add_argument("--seeds", type=SEED, nargs="+", default=[0], help="default: seed 0")
     parser.add_argument("--tasks", nargs="+", default=None, help="default: every task")
-    parser.add_argument("--limit", type=int, default=None, help="the first N examples only")
+    parser.add_argument("--limit", type=EXAMPLES, default=None, help="the first N examples only")
     parser.add_argument(
         "--points",
         nargs="+",
@@ -270,8 +271,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--write", action="store_true", help="write the baseline instead")
     args = parser.parse_args(argv)
-    if args.limit is not None and args.limit < 1:
-        parser.error(f"--limit {args.limit}: expected an integer >= 1")
     from setdlm.workflow.config import load
 
     config = load(args.config, check_data=False)

@@ -159,6 +159,7 @@ def read_point(folder: Path, checked: bool = True) -> ResultPoint:
             f"{folder / 'metrics.json'}: not an evaluation's metrics (expected a 'quality' "
             "object, as `setdlm eval` writes)"
         )
+    _refuse_nan_quality(folder / "metrics.json", metrics["quality"])
     seed = seed_of(folder)
     if checked:  # <run>/<task>/<model>/<point>
         config_name, task, model, point = folder.parts[-4:]
@@ -212,6 +213,59 @@ def seed_of(folder: Path) -> int | None:
     if name.startswith("seed-") and name[5:].isdigit():
         return int(name[5:])
     return None
+
+
+def _refuse_nan_quality(path: Path, quality: dict) -> None:
+    """A NaN quality value is an evaluation that failed (NaN logits, no token left to score):
+    a table would print it as a number and MLflow would chart it, so reading stops at the
+    first one, naming its key."""
+    for name, entry in quality.items():
+        if isinstance(entry, dict):
+            values = [(f"{name}.value", entry.get("value"))]
+            values += [(f"{name}.bootstrap_95", bound) for bound in entry.get("bootstrap_95") or []]
+        else:
+            values = [(name, entry)]
+        for key, value in values:
+            if isinstance(value, float) and math.isnan(value):
+                raise ResultError(
+                    f"{path}: quality.{key} is NaN; expected a number (the evaluation failed "
+                    "to measure it: fix the cause, then remove the folder to rerun it)"
+                )
+
+
+def incomplete_samples(metrics_path: Path, metrics: dict) -> str | None:
+    """Why a result's samples no longer back its metrics (lost, cut short, torn or written
+    twice), or None. An evaluation run again keeps every complete sample."""
+    from setdlm.eval.records import SampleLog
+
+    expected = metrics.get("examples")
+    samples = metrics_path.parent / "samples.jsonl"
+    if not isinstance(expected, int) or "seeds" in metrics:
+        # a result kind that does not count its examples, or an aggregate over seeds (each
+        # seed's own result is checked)
+        return None
+    if not samples.is_file():
+        return f"{samples.name} is missing"
+    records, _, dropped = SampleLog(samples).scan()
+    if dropped:
+        return f"{samples.name} has torn or repeated lines"
+    if len(records) != expected:
+        return f"{samples.name} holds {len(records)} of its {expected} examples"
+    return None
+
+
+def point_sample_problems(point: ResultPoint) -> list[str]:
+    """``incomplete_samples`` of a point, or of each of its seeds' results for an aggregate
+    over seeds, each naming its samples file."""
+    folders = [point.folder / str(entry.get("folder")) for entry in point.seeds]
+    problems = []
+    for folder in folders or [point.folder]:
+        path = folder / "metrics.json"
+        metrics = point.metrics if folder == point.folder else read_json(path, "a seed's result")
+        problem = incomplete_samples(path, metrics)
+        if problem is not None:
+            problems.append(f"{folder / 'samples.jsonl'}: {problem.split(' ', 1)[1]}")
+    return problems
 
 
 def read_json(path: Path, what: str = "") -> dict:

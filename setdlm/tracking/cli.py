@@ -23,7 +23,7 @@ from setdlm.tracking.store import (
 )
 from setdlm.util.errors import ArgumentParser
 from setdlm.util.files import atomic_write_json
-from setdlm.util.validation import option
+from setdlm.util.validation import option, output_path
 
 SYNC_HELP = """Mirror the finished results under RESULTS_DIR into MLflow: one experiment per task,
 one run per point (identified by its config hash), params, metrics, tags and artifacts.
@@ -38,7 +38,10 @@ def sync_main(argv: list[str] | None = None) -> int:
     parser.add_argument("results_dir", type=Path, metavar="RESULTS_DIR")
     parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI")
     parser.add_argument(
-        "--marker", type=Path, default=None, help="file listing the synced runs, written last"
+        "--marker",
+        type=output_path,
+        default=None,
+        help="file listing the synced runs, written last",
     )
     args = parser.parse_args(argv)
     results_dir = args.results_dir.resolve()

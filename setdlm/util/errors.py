@@ -15,6 +15,7 @@ import sys
 TRACEBACK_ENV = "SETDLM_TRACEBACK"
 EXIT_USAGE = 2  # argparse's code for bad arguments; ours for every other bad input
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a command the closed pipe stopped exits with
 
 
 class UserError(Exception):
@@ -28,7 +29,18 @@ class DataError(UserError, ValueError):
 def report(command: str, run) -> int:
     """``run()``'s exit code; an input error or an interrupt becomes a message and a code."""
     try:
-        return run()
+        code = run()
+        sys.stdout.flush()  # a reader gone before the last buffered output: caught here too
+        return code
+    except BrokenPipeError:
+        # The reader of the output left (`setdlm report tables RUN | head -1`): nothing is
+        # wrong and there is nothing to say. What is still buffered goes nowhere, so that the
+        # interpreter's last flush does not fail on the closed pipe again.
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
+    except SystemExit:  # argparse after --help or a usage error: its output may be cut too
+        _flush_or_discard_stdout()
+        raise
     except UserError as error:
         if os.environ.get(TRACEBACK_ENV):
             raise
@@ -44,6 +56,21 @@ def report(command: str, run) -> int:
     except KeyboardInterrupt:
         print(f"{command}: interrupted; finished work is kept, rerun to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def _flush_or_discard_stdout() -> None:
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _discard_stdout()
+
+
+def _discard_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no file descriptor (a test's captured stream)
+        pass
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -57,5 +57,29 @@ def load_hub_dataset(path: str, *args, instead: str, **kwargs):
         ) from None
 
 
+def hub_network_errors() -> tuple[type[BaseException], ...]:
+    """What a request to the Hub raises when the Hub cannot be reached or refuses it: the
+    Hugging Face client's errors, the OS's, and those of whichever HTTP library the client
+    uses (its versions moved from requests to httpx)."""
+    import importlib
+
+    from huggingface_hub.errors import HfHubHTTPError
+
+    errors: list[type[BaseException]] = [HfHubHTTPError, OSError]
+    for module, name in HTTP_LIBRARY_ERRORS:
+        try:
+            errors.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(errors)
+
+
+HTTP_LIBRARY_ERRORS = (
+    ("httpx2", "HTTPError"),
+    ("httpx", "HTTPError"),
+    ("requests", "RequestException"),
+)
+
+
 class HubUnreachable(UserError, ConnectionError):
     """A data set or model that only the Hub has, and the Hub cannot be reached."""

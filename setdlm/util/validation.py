@@ -90,11 +90,22 @@ def expectation(rule: dict) -> str:
 def valid(value: Any, rule: dict) -> bool:
     """Whether ``value`` obeys ``rule`` (a schema node, which may refer to shared definitions);
     NaN and infinities never do: a bound cannot refuse them."""
-    from jsonschema import Draft202012Validator
+    return validator_class()({"$defs": schema()["$defs"], **resolved(rule)}).is_valid(value)
 
-    if isinstance(value, float) and not math.isfinite(value):
-        return False
-    return Draft202012Validator({"$defs": schema()["$defs"], **resolved(rule)}).is_valid(value)
+
+@functools.cache
+def validator_class():
+    """JSON schema's validator, with NaN and the infinities not numbers: every comparison with
+    NaN is false, so ``minimum`` and ``maximum`` let it through (YAML reads ``.nan`` and
+    ``.inf`` as floats), and no setting has a use for an infinite value."""
+    from jsonschema import Draft202012Validator, validators
+
+    def finite_number(checker, value) -> bool:
+        is_number = Draft202012Validator.TYPE_CHECKER.is_type(value, "number")
+        return is_number and not (isinstance(value, float) and not math.isfinite(value))
+
+    checker = Draft202012Validator.TYPE_CHECKER.redefine("number", finite_number)
+    return validators.extend(Draft202012Validator, type_checker=checker)
 
 
 def option(pointer: str):
@@ -241,7 +252,7 @@ def task_settings(task: str, skip: tuple[str, ...] = ()) -> list[Setting]:
 
 
 # The options several commands share, by the schema node (workflows/config/schema.yaml) they obey.
-SEED = option("$defs/gsm8k/properties/seed")
+SEED = option("$defs/seed")
 BATCH_SIZE = option("$defs/override/properties/batch_size")
 LIMIT = option("$defs/gsm8k/properties/limit")
 THRESHOLD = option("$defs/threshold")
@@ -251,6 +262,48 @@ WARMUP = option("$defs/gsm8k/properties/warmup")
 NEW_TOKENS = option("$defs/gsm8k/properties/max_new_tokens")
 THREADS = option("$defs/resources/properties/cpus")
 COUNT = option("$defs/count")
+EXAMPLES = option("$defs/examples")  # prompts, problems, samples: bounded above too
+TOKENS = option("$defs/tokens")  # a prompt's or a generation's tokens: bounded above too
+REPEATS = option("$defs/repeats")
+HEADS = option("$defs/train/properties/n_heads")
+LENGTH = option("$defs/train/properties/length")
+
+
+def output_path(text: str) -> Path:
+    """An argparse ``type=`` for a file or folder a command writes. An empty value (``--out
+    ""``, an unset shell variable) would be the working directory, whose files are not the
+    command's to overwrite."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a path to write (an empty one would be the working directory); "
+            "expected the folder or file for the output"
+        )
+    return Path(text)
+
+
+def torch_device(name: str, flag: str = "--device", hint: str = ""):
+    """The torch device an option names, refused in the option's words when torch does not
+    know it (tpu), this project does not run on it (mps, meta) or this machine lacks it
+    (cuda without a GPU, cuda:3 with one). ``hint``: what to pass instead, for the last."""
+    import torch
+
+    expected = f"{flag} {name!r}: expected cpu, cuda or cuda:N (N a GPU index)"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise SettingError(expected) from None
+    if device.type not in ("cpu", "cuda"):
+        raise SettingError(expected)
+    if device.type == "cuda":
+        available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if available == 0:
+            raise SettingError(f"{flag} {name}: no CUDA device is available here{hint}")
+        if device.index is not None and device.index >= available:
+            raise SettingError(
+                f"{flag} {name}: this machine has {available} CUDA device(s), "
+                f"cuda:0 to cuda:{available - 1}"
+            )
+    return device
 
 
 # --------------------------------------------------------------------- rules between settings

@@ -77,6 +77,11 @@ def load(path: str | Path, check_data: bool = True) -> dict:
         raw = load_yaml(path)
     except OSError as error:
         raise ConfigError([f"cannot read it ({error.strerror or error})"], str(path)) from None
+    except UnicodeDecodeError as error:  # saved in another encoding (Latin-1, UTF-16)
+        raise ConfigError(
+            [f"not UTF-8 text (byte {error.start}: {error.reason}); expected YAML saved as UTF-8"],
+            str(path),
+        ) from None
     except yaml.YAMLError as error:
         where = getattr(error, "problem_mark", None)
         line = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
@@ -138,10 +143,8 @@ def key_path(parts) -> str:
 
 
 def schema_errors(instance: Any, schema: dict) -> list[str]:
-    from jsonschema import Draft202012Validator
-
     errors = []
-    for error in Draft202012Validator(schema).iter_errors(instance):
+    for error in validation.validator_class()(schema).iter_errors(instance):
         path = list(error.absolute_path)
         if error.validator == "additionalProperties":
             known = error.schema.get("properties", {})

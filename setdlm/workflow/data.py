@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from setdlm.util.errors import ArgumentParser
+from setdlm.util.validation import output_path
 from setdlm.workflow import datasets
 
 
@@ -27,7 +28,7 @@ def main(argv: list[str]) -> int:
     prepare.add_argument(
         "--data-dir", type=Path, default=None, help="for --source dir (default: $SETDLM_DATA_DIR)"
     )
-    prepare.add_argument("--out", type=Path, required=True, help="the prepared data folder")
+    prepare.add_argument("--out", type=output_path, required=True, help="the prepared data folder")
     manifest = commands.add_parser("manifest", help="merge the datasets' parts into manifest.json")
     manifest.add_argument("folder", type=Path)
     verify = commands.add_parser("verify", help="check the files against manifest.json")

@@ -384,7 +384,8 @@ def where_results_are(plan: Plan, environ) -> str:
     uri = plan.tracking_uri(environ)
     database = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else None
     browse = (
-        f"setdlm ui --results {Path(database).parent}  (then open http://127.0.0.1:5000)"
+        f"setdlm ui --results {shlex.quote(str(Path(database).parent))}  "
+        "(then open http://127.0.0.1:5000)"
         if database
         else f"open {uri} in a browser"
     )
@@ -460,6 +461,7 @@ def set_aside_unreadable(plan: Plan, apply: bool = True) -> list[str]:
     run would do."""
     import json
 
+    from setdlm.results.reader import incomplete_samples
     from setdlm.util.files import move_aside
 
     wanted = {path: "quality" for path in [*plan.all_metrics(), *plan.seed_metrics()]}
@@ -477,7 +479,7 @@ def set_aside_unreadable(plan: Plan, apply: bool = True) -> list[str]:
         if problem is not None:
             kind = "unreadable result"
         elif key == "quality":
-            kind, problem = "incomplete result", _incomplete_samples(path, value)
+            kind, problem = "incomplete result", incomplete_samples(path, value)
         else:
             kind, problem = "changed model", _changed_model_files(path, value)
         if problem is None:
@@ -494,27 +496,6 @@ def set_aside_unreadable(plan: Plan, apply: bool = True) -> list[str]:
             "runs again"
         )
     return messages
-
-
-def _incomplete_samples(metrics_path: Path, metrics: dict) -> str | None:
-    """Why a result's samples no longer back its metrics (lost, cut short, torn or written
-    twice), or None. The evaluation that runs again keeps every complete sample."""
-    from setdlm.eval.records import SampleLog
-
-    expected = metrics.get("examples")
-    samples = metrics_path.parent / "samples.jsonl"
-    if not isinstance(expected, int) or "seeds" in metrics:
-        # a result kind that does not count its examples, or an aggregate over seeds (each
-        # seed's own result is checked)
-        return None
-    if not samples.is_file():
-        return f"{samples.name} is missing"
-    records, _, dropped = SampleLog(samples).scan()
-    if dropped:
-        return f"{samples.name} has torn or repeated lines"
-    if len(records) != expected:
-        return f"{samples.name} holds {len(records)} of its {expected} examples"
-    return None
 
 
 def _changed_model_files(marker: Path, checkpoint: dict) -> str | None:

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from setdlm.util.errors import ArgumentParser
+from setdlm.util.validation import output_path
 from setdlm.workflow.config import WORKFLOW_DIR
 
 PROFILES_DIR = WORKFLOW_DIR / "profiles"
@@ -49,7 +50,7 @@ def main(argv: list[str]) -> int:
     install_parser = commands.add_parser("install", help="copy a profile into a config folder")
     install_parser.add_argument("name", choices=available())
     install_parser.add_argument(
-        "--dest", type=Path, default=None, help="default: the user's Snakemake config folder"
+        "--dest", type=output_path, default=None, help="default: the user's Snakemake config folder"
     )
     install_parser.add_argument("--force", action="store_true", help="overwrite an installed copy")
     commands.add_parser("where", help="print the user's Snakemake config folder")

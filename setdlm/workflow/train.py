@@ -33,6 +33,7 @@ from setdlm.train.preemption import EXIT_PREEMPTED, Preempted
 from setdlm.util.errors import ArgumentParser
 from setdlm.util.files import atomic_write_json, sha256_file
 from setdlm.util.scheduler import current_job
+from setdlm.util.validation import SEED, SettingError, output_path
 from setdlm.workflow.config import (
     NOT_A_TRAINING_SETTING,
     WORKFLOW_DIR,
@@ -49,12 +50,17 @@ def main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="setdlm train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, required=True, help="workflow configuration")
     parser.add_argument("--model", required=True, help="a model name under `models`")
-    parser.add_argument("--out", type=Path, required=True, help="the model's folder")
+    parser.add_argument("--out", type=output_path, required=True, help="the model's folder")
     parser.add_argument("--domain", default=None, help="fetch only this domain's checkpoint")
-    parser.add_argument("--work", type=Path, default=None, help="training state folder")
+    parser.add_argument(
+        "--work",
+        type=output_path,
+        default=None,
+        help="training state folder: a new one, or one an earlier `setdlm train` left",
+    )
     parser.add_argument(
         "--seed",
-        type=int,
+        type=SEED,
         default=None,
         help="which of the model's train.seeds to train (required when it has several)",
     )
@@ -262,15 +268,41 @@ def _record_attempt(work: Path, attempt: dict) -> list[dict]:
 
 
 def _start_over_unless_same(work: Path, identity: dict, log) -> None:
-    """Keep a killed training's checkpoints only if they belong to the same settings."""
+    """Keep a killed training's checkpoints only if they belong to the same settings. Starting
+    over removes the work folder, so a folder that holds anything but a training's own work
+    (its settings.json stamp says so) is refused, never removed."""
     identity = json.loads(json.dumps(identity))  # as read back: tuples become lists
-    stamp = work / "settings.json"
-    if stamp.exists() and json.loads(stamp.read_text()) != identity:
+    stamp = work / WORK_STAMP
+    recorded = _training_stamp(work)
+    if recorded is None and work.exists() and (not work.is_dir() or any(work.iterdir())):
+        raise SettingError(
+            f"--work {work}: exists and is not a training's work folder (no {WORK_STAMP} "
+            "written by `setdlm train`), so nothing in it is used or removed; expected a new "
+            "or empty folder, or the one an earlier training of this model left"
+        )
+    if recorded is not None and recorded != identity:
         log(f"{work}: other settings, data or code than the last training; starting over")
         shutil.rmtree(work)
     if not stamp.exists():
         work.mkdir(parents=True, exist_ok=True)
         atomic_write_json(stamp, identity)
+
+
+WORK_STAMP = "settings.json"
+# What a work folder's stamp holds (train_model's identity): the mark of a training's folder.
+STAMP_KEYS = ("model", "family", "settings", "data", "code_version")
+
+
+def _training_stamp(work: Path) -> dict | None:
+    """The identity a training recorded in ``work``, or None: no stamp, or a file of that
+    name that is not a training's (another program's settings.json)."""
+    try:
+        stamp = json.loads((work / WORK_STAMP).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(stamp, dict) or not all(key in stamp for key in STAMP_KEYS):
+        return None
+    return stamp
 
 
 def fetch_checkpoint(name: str, entry: dict, domain: str, out: Path, log=print) -> dict:
@@ -348,7 +380,7 @@ def export_main(argv: list[str]) -> int:
         description="copy a run's trained models into the committed reference folder",
     )
     parser.add_argument("models", type=Path, help="a run's models folder")
-    parser.add_argument("--out", type=Path, required=True, help="the reference folder")
+    parser.add_argument("--out", type=output_path, required=True, help="the reference folder")
     parser.add_argument("--names", nargs="+", default=None, help="only these models")
     args = parser.parse_args(argv)
     if not args.models.is_dir():

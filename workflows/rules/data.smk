@@ -22,8 +22,8 @@ rule prepare_data:
     resources:
         **resources_of("data"),
     shell:
-        "{SETDLM} data prepare --dataset {wildcards.dataset} --source {params.source} "
-        "{DATA_DIR_ARG} --out {RUN}/data > {log} 2>&1"
+        "{SETDLM:q} data prepare --dataset {wildcards.dataset} --source {params.source} "
+        "{DATA_DIR_ARG} --out {RUN:q}/data > {log:q} 2>&1"
 
 
 rule data_manifest:
@@ -36,4 +36,4 @@ rule data_manifest:
         code_version=CODE_VERSION,
     localrule: True
     shell:
-        "{SETDLM} data manifest {RUN}/data"
+        "{SETDLM:q} data manifest {RUN:q}/data"

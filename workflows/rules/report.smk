@@ -46,7 +46,8 @@ for _table in layout.TABLES:
                 f"{RUN}/logs/table_{_table}.log",
             localrule: True
             shell:
-                "{SETDLM} report tables {RUN} --out {TABLES} --only {params.table} > {log} 2>&1"
+                "{SETDLM:q} report tables {RUN:q} --out {TABLES:q} --only {params.table} "
+                "> {log:q} 2>&1"
 
     else:
 
@@ -71,7 +72,7 @@ rule figures:
         f"{RUN}/logs/figures.log",
     localrule: True
     shell:
-        "{SETDLM} report figures {RUN} --out {FIGURES} --only {params.tasks} > {log} 2>&1"
+        "{SETDLM:q} report figures {RUN:q} --out {FIGURES:q} --only {params.tasks} > {log:q} 2>&1"
 
 
 # Learning curves (models trained with train.curve): accuracy and loss along training, a line
@@ -88,7 +89,8 @@ rule learning_curves:
         f"{RUN}/logs/learning_curves.log",
     localrule: True
     shell:
-        "{SETDLM} report curves {RUN}/models --tables {TABLES} --figures {FIGURES} > {log} 2>&1"
+        "{SETDLM:q} report curves {RUN:q}/models --tables {TABLES:q} --figures {FIGURES:q} "
+        "> {log:q} 2>&1"
 
 
 rule check:
@@ -102,4 +104,4 @@ rule check:
         code_version=CODE_VERSION,
     localrule: True
     shell:
-        "{SETDLM} check --baseline {input.baseline} {RUN} && touch {output}"
+        "{SETDLM:q} check --baseline {input.baseline:q} {RUN:q} && touch {output:q}"

@@ -20,4 +20,5 @@ rule sync_mlflow:
         f"{RUN}/logs/mlflow-sync.log",
     localrule: True
     shell:
-        "{SETDLM} sync {RUN} --tracking-uri {params.tracking_uri} --marker {output} > {log} 2>&1"
+        "{SETDLM:q} sync {RUN:q} --tracking-uri {params.tracking_uri} --marker {output:q} "
+        "> {log:q} 2>&1"

@@ -25,9 +25,9 @@ rule train_model:
     # limit, preemption) reaches it with no shell that dies first; it saves a checkpoint and
     # exits 75, and the retry resumes (setdlm/train/preemption.py).
     shell:
-        "exec env SETDLM_DATA_DIR={RUN}/data {SETDLM} --threads {threads} train "
-        "--config {RUN}/config.yaml --model {wildcards.model} "
-        "--out {RUN}/models/{wildcards.model} > {log} 2>&1"
+        "exec env SETDLM_DATA_DIR={RUN:q}/data {SETDLM:q} --threads {threads} train "
+        "--config {RUN:q}/config.yaml --model {wildcards.model} "
+        "--out {RUN:q}/models/{wildcards.model} > {log:q} 2>&1"
 
 
 # A model trained once per seed (train.seeds): one job per seed, <run>/models/<name>/seed-<k>/.
@@ -49,9 +49,9 @@ rule train_model_seed:
     resources:
         **resources_of("train"),
     shell:
-        "exec env SETDLM_DATA_DIR={RUN}/data {SETDLM} --threads {threads} train "
-        "--config {RUN}/config.yaml --model {wildcards.model} --seed {wildcards.seed} "
-        "--out {RUN}/models/{wildcards.model}/seed-{wildcards.seed} > {log} 2>&1"
+        "exec env SETDLM_DATA_DIR={RUN:q}/data {SETDLM:q} --threads {threads} train "
+        "--config {RUN:q}/config.yaml --model {wildcards.model} --seed {wildcards.seed} "
+        "--out {RUN:q}/models/{wildcards.model}/seed-{wildcards.seed} > {log:q} 2>&1"
 
 
 rule fetch_model:
@@ -66,6 +66,6 @@ rule fetch_model:
     resources:
         **resources_of("fetch"),
     shell:
-        "{SETDLM} --threads {threads} train --config {RUN}/config.yaml "
+        "{SETDLM:q} --threads {threads} train --config {RUN:q}/config.yaml "
         "--model {wildcards.model} --domain {wildcards.domain} "
-        "--out {RUN}/models/{wildcards.model} > {log} 2>&1"
+        "--out {RUN:q}/models/{wildcards.model} > {log:q} 2>&1"
