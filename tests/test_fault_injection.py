@@ -1,7 +1,8 @@
 """Fault injection on the main job's DAG: all_tables, as `make run` runs it, on the embedded
 default with the overlay workflows/config/tiny-quick.yaml (every model, task, decoding policy and
-rule of tiny.yaml; fewer arithmetic training steps and τ, because recovery is about files,
-locks and stores, not about the numbers). One undisturbed run of it is made for the module.
+rule of tiny.yaml, each model trained and evaluated once per seed; fewer training steps, seeds,
+problems and τ, because recovery is about files, locks and stores, not about the numbers). One
+undisturbed run of it is made for the module.
 Each fault then works on its own copy of it (``.snakemake`` metadata and modification times
 included): it loses, corrupts or duplicates files of the finished run, or starts the same
 command on a run with work left and kills, interrupts or doubles it at a chosen moment. Then the
@@ -38,7 +39,7 @@ import yaml
 from configs import tiny_quick_config
 from workflow_env import copy_of_run, environ
 
-from setdlm.report.compare import compare_runs
+from setdlm.report.compare import compare_runs, result_folders
 from setdlm.workflow.locks import parent_pid
 
 pytestmark = pytest.mark.slow
@@ -48,13 +49,18 @@ SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 PROFILE = REPO / "workflows" / "profiles" / "local"
 NAME = "tiny-quick"  # the overlay's run name
 RUN = Path("results/runs") / NAME  # inside a working directory
-# Points and models the faults aim at: each cheap to recompute (seconds, not the minutes an
-# arithmetic model trains).
+# Points and models the faults aim at, each cheap to recompute: a point aggregates its seeds'
+# results (its metrics.json), each seed's result is its own folder (samples and metrics).
 SOLVE = "arithmetic-solve/setdlm-smax8-arith/tau-0.5"
+SOLVE_SEED = f"{SOLVE}/seed-0"
 INFILL = "arithmetic-infill/bd3lm-s4-arith/tau-0.5"
-LIKELIHOOD = "likelihood-wikitext2/mdlm/default"
-UNCONDITIONAL = "unconditional/setdlm-smax8/tau-1e+06"
-MODEL = "bd3lm-s4"  # a WikiText-2 model: trains in seconds, evaluated by two points
+INFILL_SEED = f"{INFILL}/seed-1"
+DUAL_CACHE = "arithmetic-solve/mdlm-arith/dual-cache-tau-0.5"
+DUAL_CACHE_SEED = f"{DUAL_CACHE}/seed-0"
+AR_POINT = "arithmetic-infill/ar-arith/tau-1e+06"
+AR_SEED = f"{AR_POINT}/seed-1"
+MODEL = "ar-arith/seed-1"  # trains in seconds under the overlay, evaluated by two points
+MODEL_WORK = "ar-arith-seed-1"  # its training state: models/.training/<this>
 
 
 def command(workdir: Path, *extra: str) -> list[str]:
@@ -129,8 +135,9 @@ def descendant(process, subcommand: str) -> int | None:
         with contextlib.suppress(OSError):
             argv = (Path(f"/proc/{pid}") / "cmdline").read_bytes().decode().split("\0")
             names = [Path(arg).name for arg in argv]
-            if "setdlm" in names and subcommand in argv[names.index("setdlm") + 1 :]:
-                return pid
+            for program in ("setdlm", "setdlm.workflow.points"):  # sweep jobs run the latter
+                if program in names and subcommand in argv[names.index(program) + 1 :]:
+                    return pid
     return None
 
 
@@ -141,10 +148,9 @@ def complete_lines(samples: Path) -> list[bytes]:
 
 
 def sample_files(workdir: Path) -> dict[str, Path]:
-    return {
-        str(path.parent.relative_to(workdir / RUN)): path
-        for path in (workdir / RUN).glob("*/*/*/samples.jsonl")
-    }
+    found = [*(workdir / RUN).glob("*/*/*/samples.jsonl")]
+    found += (workdir / RUN).glob("*/*/*/seed-*/samples.jsonl")
+    return {str(path.parent.relative_to(workdir / RUN)): path for path in found}
 
 
 @dataclass
@@ -186,8 +192,8 @@ def mlflow_differences(workdir: Path) -> list[str]:
     if not database.exists():
         return [f"{database} is missing"]
     folders = {}
-    for metrics in (workdir / RUN).glob("*/*/*/metrics.json"):
-        folders[point_key(metrics.parent)] = json.loads(metrics.read_text())
+    for folder in result_folders(workdir / RUN).values():
+        folders[point_key(folder)] = json.loads((folder / "metrics.json").read_text())
     with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as db:
         runs = db.execute(
             "SELECT t1.value, t2.value FROM runs"
@@ -212,12 +218,12 @@ def mlflow_differences(workdir: Path) -> list[str]:
 
 
 def point_key(folder: Path) -> str:
-    """task/model/setting: the same point in the undisturbed run and in its copies."""
-    return "/".join(folder.parts[-3:])
+    """task/model/setting[/seed-<k>]: the same result in the undisturbed run and its copies."""
+    return "/".join(folder.parts[-4 if folder.name.startswith("seed-") else -3 :])
 
 
 def leftovers(workdir: Path) -> list[str]:
-    patterns = (f"{RUN}/models/.*.tmp-*", "results/.mlflow.db.creating-*")
+    patterns = (f"{RUN}/models/**/.*.tmp-*", "results/.mlflow.db.creating-*")
     return [f"left behind: {p}" for pattern in patterns for p in workdir.glob(pattern)]
 
 
@@ -255,7 +261,7 @@ def check_recovery(
         ids = [str(json.loads(line)["id"]) for line in lines]
         outcome.duplicated += [f"{name}: {i}" for i in sorted(set(ids)) if ids.count(i) > 1]
     compared, differences = compare_runs(undisturbed / RUN, workdir / RUN)
-    if compared != len(list((undisturbed / RUN).glob("*/*/*/metrics.json"))):
+    if compared != len(result_folders(undisturbed / RUN)):
         differences.append(f"only {compared} result points compared")
     outcome.differences += differences + mlflow_differences(workdir) + leftovers(workdir)
     third = run_main_job(workdir, data_dir, "-n")
@@ -330,29 +336,32 @@ def _interleave_twice(data: bytes) -> bytes:
 
 def _export_staging(run: Path) -> None:
     """A kill during a model's export: a staging folder with weights, the marker not yet written."""
-    shutil.copytree(run / "models" / MODEL, run / "models" / f".{MODEL}.tmp-424242")
-    (run / "models" / MODEL / "checkpoint.json").unlink()
+    folder = run / "models" / MODEL
+    shutil.copytree(folder, folder.with_name(f".{folder.name}.tmp-424242"))
+    (folder / "checkpoint.json").unlink()
 
 
 FINISHED_RUN_FAULTS = {
-    "point folder deleted": lambda run: shutil.rmtree(run / SOLVE),
-    "metrics.json deleted": lambda run: (run / INFILL / "metrics.json").unlink(),
-    "metrics.json binary garbage": lambda run: (run / SOLVE / "metrics.json").write_bytes(
+    "point folder deleted (every seed)": lambda run: shutil.rmtree(run / SOLVE),
+    "one seed's folder deleted": lambda run: shutil.rmtree(run / INFILL_SEED),
+    "the aggregate over seeds deleted": lambda run: (run / INFILL / "metrics.json").unlink(),
+    "metrics.json deleted": lambda run: (run / INFILL_SEED / "metrics.json").unlink(),
+    "metrics.json binary garbage": lambda run: (run / SOLVE_SEED / "metrics.json").write_bytes(
         b"\x89PNG\r\n\x1a\n\xff\xfe\x00"
     ),
     "metrics.json truncated": lambda run: _rewrite(
-        run / LIKELIHOOD / "metrics.json", lambda data: data[: len(data) // 2]
+        run / DUAL_CACHE_SEED / "metrics.json", lambda data: data[: len(data) // 2]
     ),
-    "metrics.json emptied": lambda run: (run / UNCONDITIONAL / "metrics.json").write_bytes(b""),
-    "samples.jsonl deleted": lambda run: (run / INFILL / "samples.jsonl").unlink(),
+    "metrics.json emptied": lambda run: (run / AR_SEED / "metrics.json").write_bytes(b""),
+    "samples.jsonl deleted": lambda run: (run / INFILL_SEED / "samples.jsonl").unlink(),
     "samples.jsonl cut to half its lines": lambda run: _rewrite(
-        run / SOLVE / "samples.jsonl", _halve_lines
+        run / SOLVE_SEED / "samples.jsonl", _halve_lines
     ),
     "samples.jsonl last line torn": lambda run: _rewrite(
-        run / LIKELIHOOD / "samples.jsonl", _tear_last_line
+        run / DUAL_CACHE_SEED / "samples.jsonl", _tear_last_line
     ),
     "samples.jsonl written twice (two writers)": lambda run: _rewrite(
-        run / INFILL / "samples.jsonl", _interleave_twice
+        run / INFILL_SEED / "samples.jsonl", _interleave_twice
     ),
     "model marker deleted": lambda run: (run / "models" / MODEL / "checkpoint.json").unlink(),
     "model marker garbage": lambda run: (run / "models" / MODEL / "checkpoint.json").write_text(
@@ -395,7 +404,9 @@ def test_a_lock_left_by_a_killed_run_is_named_and_unlocking_recovers(
     locks.mkdir(parents=True, exist_ok=True)
     # what a killed run's lock lists: outputs the next run writes too (relative, as Snakemake
     # records them)
-    (locks / "0.output.lock").write_text(f"{RUN / SOLVE / 'metrics.json'}\n{RUN}/mlflow.synced\n")
+    (locks / "0.output.lock").write_text(
+        f"{RUN / SOLVE_SEED / 'metrics.json'}\n{RUN}/mlflow.synced\n"
+    )
     shutil.rmtree(faulted / RUN / SOLVE)
     outcome = check_recovery(
         "lock left by a killed run", undisturbed, faulted, data_dir, unlock=True
@@ -414,7 +425,8 @@ def _evaluation_started(workdir: Path, point: str):
 def _kill_during_evaluation(workdir: Path, data_dir: Path, how: str) -> None:
     shutil.rmtree(workdir / RUN / SOLVE)  # work left: one point to evaluate again
     with started_main_job(workdir, data_dir) as process:
-        wait_until(_evaluation_started(workdir, SOLVE), process, "the evaluation wrote samples")
+        started = _evaluation_started(workdir, SOLVE_SEED)
+        wait_until(started, process, "the evaluation wrote samples")
         if how == "SIGKILL to the whole run":
             os.killpg(process.pid, signal.SIGKILL)
         elif how == "Ctrl-C (SIGINT to the process group)":
@@ -422,7 +434,7 @@ def _kill_during_evaluation(workdir: Path, data_dir: Path, how: str) -> None:
         elif how == "SIGTERM to snakemake":
             process.send_signal(signal.SIGTERM)
         else:  # one job's own process, the rest of the run alive
-            os.kill(descendant(process, "eval"), signal.SIGKILL)
+            os.kill(descendant(process, "sweep") or descendant(process, "eval"), signal.SIGKILL)
         process.wait(timeout=300)
 
 
@@ -443,7 +455,7 @@ def test_an_evaluation_interrupted_mid_way_resumes(undisturbed, faulted, data_di
 
 
 def _training_checkpointed(workdir: Path):
-    manifest = workdir / RUN / "models" / ".training" / MODEL / "train" / "checkpoints"
+    manifest = workdir / RUN / "models" / ".training" / MODEL_WORK / "train" / "checkpoints"
     return lambda: manifest.is_dir() and any(manifest.glob("step-*"))
 
 
@@ -459,7 +471,7 @@ def _training_checkpointed(workdir: Path):
 def test_a_training_interrupted_mid_way_resumes(undisturbed, faulted, data_dir, how):
     run = faulted / RUN
     shutil.rmtree(run / "models" / MODEL)  # the model and its training state lost: trained anew
-    shutil.rmtree(run / "models" / ".training" / MODEL)
+    shutil.rmtree(run / "models" / ".training" / MODEL_WORK)
     with started_main_job(faulted, data_dir) as process:
         wait_until(_training_checkpointed(faulted), process, "the training checkpointed")
         if how == "SIGKILL to the whole run":
@@ -492,10 +504,11 @@ def test_a_second_run_started_during_the_first_waits_and_writes_nothing(
 ):
     # enough work left that the first run is still running when the second starts (with only
     # one point it could finish first on a loaded machine: seen once)
-    for point in (SOLVE, INFILL, LIKELIHOOD, UNCONDITIONAL):
+    for point in (SOLVE, INFILL, DUAL_CACHE, AR_POINT):
         shutil.rmtree(faulted / RUN / point)
     with started_main_job(faulted, data_dir) as process:
-        wait_until(_evaluation_started(faulted, SOLVE), process, "the evaluation wrote samples")
+        started = _evaluation_started(faulted, SOLVE_SEED)
+        wait_until(started, process, "the evaluation wrote samples")
         second = run_main_job(faulted, data_dir)
         assert second.returncode != 0
         said = second.stdout + second.stderr
@@ -505,7 +518,7 @@ def test_a_second_run_started_during_the_first_waits_and_writes_nothing(
 
 
 def test_odd_locale_and_time_zone_change_nothing(undisturbed, faulted, data_dir):
-    (faulted / RUN / SOLVE / "metrics.json").unlink()  # recomputed under them
+    (faulted / RUN / SOLVE_SEED / "metrics.json").unlink()  # recomputed under them
     env = environ(data_dir, LC_ALL="tr_TR.UTF-8", LANG="tr_TR.UTF-8", TZ="Pacific/Kiritimati")
     result = run_main_job(faulted, data_dir, env=env)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]

@@ -34,10 +34,12 @@ RUN_FIELDS = frozenset(
 
 
 def result_folders(run: Path) -> dict[str, Path]:
-    """``task/model/point`` -> folder, for every finished result under ``run``."""
+    """``task/model/point`` -> folder, for every finished result under ``run``, and
+    ``task/model/point/seed-<k>`` for each seed of a point over training seeds."""
+    found = [*run.glob("*/*/*/metrics.json"), *run.glob("*/*/*/seed-*/metrics.json")]
     return {
         metrics.parent.relative_to(run).as_posix(): metrics.parent
-        for metrics in sorted(run.glob("*/*/*/metrics.json"))
+        for metrics in sorted(found)
         if metrics.parent.relative_to(run).parts[0] != MODELS
     }
 
@@ -72,6 +74,8 @@ def compare_points(name: str, left: Path, right: Path) -> list[str]:
             differences.append(
                 f"{name}: metrics.json speed.{metric} differs: {left_value} vs {right_value}"
             )
+    if "seeds" in left_metrics or "seeds" in right_metrics:
+        return differences  # an aggregate over seeds: its seeds' samples are compared each
     left_samples, right_samples = _samples(left), _samples(right)
     if left_samples.keys() != right_samples.keys():
         only = sorted(set(left_samples) ^ set(right_samples), key=str)
@@ -88,9 +92,11 @@ def compare_models(left: Path, right: Path) -> list[str]:
     """The trained models' files, hashed as they are on disk (a marker records what was
     written; a file corrupted or truncated since then must not pass as identical)."""
     differences = []
-    markers = {
-        path.parent.name: path for path in sorted((left / MODELS).glob(f"*/{TRAINED_MARKER}"))
-    }
+    found = [
+        *(left / MODELS).glob(f"*/{TRAINED_MARKER}"),
+        *(left / MODELS).glob(f"*/seed-*/{TRAINED_MARKER}"),
+    ]
+    markers = {path.parent.relative_to(left / MODELS).as_posix(): path for path in sorted(found)}
     for model, path in markers.items():
         other = right / MODELS / model / TRAINED_MARKER
         if not other.is_file():
