@@ -114,11 +114,29 @@ def compare_models(left: Path, right: Path) -> list[str]:
                 )
             hashes.append(actual)
         changed = sorted(
-            f for f in hashes[0].keys() | hashes[1].keys() if hashes[0].get(f) != hashes[1].get(f)
+            f
+            for f in hashes[0].keys() | hashes[1].keys()
+            if hashes[0].get(f) != hashes[1].get(f)
+            and not (f in TRAINING_LOGS and _same_log(path.parent / f, other.parent / f))
         )
         if changed:
             differences.append(f"models/{model}: files differ: {changed}")
     return differences
+
+
+# A model folder's records of how its training went: the same training logs the same values,
+# but at other times (a resumed training too), so they are compared without their timings.
+TRAINING_LOGS = ("losses.jsonl", "learning_curve.jsonl")
+TIMING_FIELDS = frozenset({"seconds", "probe_seconds"})
+
+
+def _same_log(left: Path, right: Path) -> bool:
+    def values(path: Path) -> list[dict]:
+        return [
+            {k: v for k, v in row.items() if k not in TIMING_FIELDS} for _, row in read_jsonl(path)
+        ]
+
+    return left.is_file() and right.is_file() and values(left) == values(right)
 
 
 def _file_hashes(folder: Path, recorded: dict) -> dict[str, str | None]:

@@ -578,7 +578,7 @@ def rebuild_after_losses(plan: Plan, apply: bool = True) -> list[str]:
         if task in tasks
         for f in figure_files(plan.figures_dir, task)
     ]
-    present = [path for path in built if Path(path).is_file()]
+    present = [path for path in dict.fromkeys(built) if Path(path).is_file()]  # each once
     if not present:
         return []  # nothing built from them yet (a first or an interrupted run)
     if not apply:
