@@ -42,7 +42,7 @@ from workflow_env import copy_of_run, environ
 from setdlm.report.compare import compare_runs, result_folders
 from setdlm.workflow.locks import parent_pid
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # make test-e2e, not make test
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))

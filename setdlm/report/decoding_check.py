@@ -49,6 +49,8 @@ TOLERANCE_NOTE = (
     "the closing note of issue 24; a 3-point accuracy drop at any point fails."
 )
 COUNTED = ("nfe_mean", "parallelism_mean", "generated_tokens")
+# The check decodes in static batches: a few minutes on 2 cores instead of a quarter of an hour.
+DEFAULT_BATCH_SIZE = 16
 
 
 class DecodingCheckError(UserError, ValueError):
@@ -93,13 +95,27 @@ def reference_points(
     return config, chosen
 
 
-def _replaced(args: tuple[str, ...], model_dir: Path, out: Path, limit: int | None) -> list[str]:
-    """An evaluation's arguments with another model folder, output folder and example count."""
+def _with_option(args: list[str], option: str, value) -> None:
+    """Set ``option``'s value in an argument list, adding the option where it is absent."""
+    if option in args:
+        args[args.index(option) + 1] = str(value)
+    else:
+        args += [option, str(value)]
+
+
+def _replaced(
+    args: tuple[str, ...], model_dir: Path, out: Path, limit: int | None, batch_size: int
+) -> list[str]:
+    """An evaluation's arguments with another model folder, output folder, example count and
+    batch size (static batches, so that the tokens do not depend on when a row finishes; the
+    baseline is written with the same size)."""
     args = list(args)
-    args[args.index("--model") + 1] = str(model_dir)
-    args[args.index("--out") + 1] = str(out)
+    _with_option(args, "--model", model_dir)
+    _with_option(args, "--out", out)
+    _with_option(args, "--batch-size", batch_size)
+    _with_option(args, "--batching", "static")
     if limit is not None:
-        args[args.index("--limit") + 1] = str(limit)
+        _with_option(args, "--limit", limit)
     return args
 
 
@@ -111,6 +127,7 @@ def decode(
     limit=None,
     patterns=None,
     log=print,
+    batch_size: int = 1,
 ) -> list[Decoded]:
     """Decode every chosen point with the reference models, through `setdlm eval`."""
     from setdlm.cli import main as setdlm_main
@@ -126,7 +143,7 @@ def decode(
                     "reference-models` trains and writes them"
                 )
             out = Path(scratch) / str(index)
-            argv = ["eval", *_replaced(args, model_dir, out, limit)]
+            argv = ["eval", *_replaced(args, model_dir, out, limit, batch_size)]
             started = time.perf_counter()
             with contextlib.redirect_stdout(io.StringIO()):
                 code = setdlm_main(argv)
@@ -247,7 +264,7 @@ def compare(baseline: dict, decoded: list[Decoded]) -> list[PointCheck]:
 
 def main(argv: list[str] | None = None) -> int:
     from setdlm.util.errors import ArgumentParser
-    from setdlm.util.validation import EXAMPLES, SEED
+    from setdlm.util.validation import BATCH_SIZE, EXAMPLES, SEED
 
     parser = ArgumentParser(
         prog="setdlm check-decoding",
@@ -269,6 +286,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PATTERN",
         help="only the points whose key (task/model/point/seed-k) matches a shell pattern",
     )
+    parser.add_argument(
+        "--batch-size",
+        type=BATCH_SIZE,
+        default=DEFAULT_BATCH_SIZE,
+        help=f"static batches of this many examples (default {DEFAULT_BATCH_SIZE}; the baseline "
+        "records its own and a check uses it)",
+    )
     parser.add_argument("--write", action="store_true", help="write the baseline instead")
     args = parser.parse_args(argv)
     from setdlm.workflow.config import load
@@ -281,16 +305,23 @@ def main(argv: list[str] | None = None) -> int:
             f"reference_models in {args.config})"
         )
     started = time.perf_counter()
+    batch_size = args.batch_size
+    if not args.write:  # the baseline's own batch size, which its tokens were decoded with
+        baseline = load_baseline(args.baseline)
+        batch_size = baseline.get("settings", {}).get("batch_size", batch_size)
     print(f"setdlm check-decoding: decoding {args.config}'s points with {models}")
-    decoded = decode(args.config, models, args.seeds, args.tasks, args.limit, args.points)
+    decoded = decode(
+        args.config, models, args.seeds, args.tasks, args.limit, args.points, batch_size=batch_size
+    )
     if args.write:
         # a partial baseline (--limit, --points, --tasks) says so: the committed one is whole
         settings = {"config": str(args.config), "models": str(models), "seeds": args.seeds}
         settings |= {"tasks": args.tasks, "points": args.points, "limit": args.limit}
+        settings |= {"batch_size": batch_size}
         write_baseline(args.baseline, decoded, settings)
         print(f"wrote {args.baseline}: {len(decoded)} points")
         return 0
-    checks = compare(load_baseline(args.baseline), decoded)
+    checks = compare(baseline, decoded)
     failed = [c for c in checks if c.problems]
     for check in checks:
         status = "FAIL" if check.problems else "ok"
