@@ -134,13 +134,17 @@ def bd3lm_wrong_mask(monkeypatch):
 
 # Each regression with the points it is checked on (its family's, at the τ where it acts).
 REGRESSIONS = [
-    (tau_ignored, [f"{SETDLM}/tau-0.1", f"{BD3LM}/tau-0.1"]),
-    (confidence_inverted, [f"{SETDLM}/tau-1e+06", f"{BD3LM}/tau-1e+06"]),
-    (tie_rule_reversed, [f"{SETDLM}/tau-*", f"{BD3LM}/tau-*"]),
-    (window_off_by_one, [f"{SETDLM}/tau-1e+06", f"{SETDLM}/tau-0.1"]),
-    (cache_commit_skipped, [f"{SETDLM}/tau-1e+06", f"{AR}/tau-1e+06"]),
-    (eos_ignored, [f"{AR}/tau-1e+06", f"{SETDLM}/tau-1e+06"]),
-    (bd3lm_wrong_mask, [f"{BD3LM}/tau-1e+06"]),
+    (tau_ignored, [f"{SETDLM}/tau-0.1", f"{BD3LM}/tau-0.1"], LIMIT),
+    (confidence_inverted, [f"{SETDLM}/tau-1e+06", f"{BD3LM}/tau-1e+06"], LIMIT),
+    # Ties are rare on the converged fp32 reference models: reversed, they change one example of
+    # the 300 at SetDLM's τ = 1e6 (its NFE moves 2.4 %) and none of the first 60, so this case
+    # decodes all 300. The parity fixtures (official-parity-saturated, test_confidence_ties.py)
+    # are the tie rule's exact guard.
+    (tie_rule_reversed, [f"{SETDLM}/tau-1e+06"], "300"),
+    (window_off_by_one, [f"{SETDLM}/tau-1e+06", f"{SETDLM}/tau-0.1"], LIMIT),
+    (cache_commit_skipped, [f"{SETDLM}/tau-1e+06", f"{AR}/tau-1e+06"], LIMIT),
+    (eos_ignored, [f"{AR}/tau-1e+06", f"{SETDLM}/tau-1e+06"], LIMIT),
+    (bd3lm_wrong_mask, [f"{BD3LM}/tau-1e+06"], LIMIT),
 ]
 
 
@@ -160,20 +164,23 @@ def test_the_unchanged_decoder_passes(capsys):
 
 
 @pytest.mark.parametrize(
-    "regression, points", REGRESSIONS, ids=lambda r: getattr(r, "__name__", "")
+    "regression, points, limit", REGRESSIONS, ids=lambda r: getattr(r, "__name__", "")
 )
-def test_a_decoder_regression_fails_the_check(regression, points, monkeypatch, capsys):
+def test_a_decoder_regression_fails_the_check(regression, points, limit, monkeypatch, capsys):
     regression(monkeypatch)
-    assert check(*points) == 1
+    assert check(*points, limit=limit) == 1
     out = capsys.readouterr().out
-    assert "FAILED" in out and ("token agreement" in out or "accuracy" in out)
+    assert "FAILED" in out
+    assert any(what in out for what in ("token agreement", "accuracy", "nfe_mean")), out
 
 
 def test_an_accuracy_3_points_lower_at_one_point_fails(tmp_path, capsys):
     """The same tokens, but the baseline says 3 % more of the problems were solved at one
-    point (as if a scorer or decoder regression had cost them): the whole point is compared."""
+    point (as if a scorer or decoder regression had cost them): the whole point is compared.
+    BD3LM's seed 0, since it leaves enough problems unsolved to move (SetDLM's solves all but
+    one or two of the 300)."""
     baseline = json.loads(BASELINE.read_text())
-    key = f"{SETDLM}/tau-0.5/seed-0"
+    key = f"{BD3LM}/tau-0.5/seed-0"
     scores = baseline["points"][key]["scores"]
     wrong = [i for i, score in scores.items() if score == 0.0][: math.ceil(0.03 * len(scores))]
     assert len(wrong) >= 9, "too few unsolved problems at this point to move 3 points"
@@ -181,7 +188,7 @@ def test_an_accuracy_3_points_lower_at_one_point_fails(tmp_path, capsys):
         scores[example] = 1.0
     edited = tmp_path / "decoding.json"
     edited.write_text(json.dumps(baseline))
-    assert check(f"{SETDLM}/tau-0.5", baseline=edited, limit=str(len(scores))) == 1
+    assert check(f"{BD3LM}/tau-0.5", baseline=edited, limit=str(len(scores))) == 1
     out = capsys.readouterr().out
     assert "accuracy" in out and "tolerance 2 points" in out
 
