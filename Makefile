@@ -44,9 +44,11 @@ reference: run
 
 # The CI regression check of the decoder (a few minutes, no training, no network): the
 # default's evaluation points decoded with the committed reference models
-# (results/reference/models/) against results/baselines/decoding.json.
+# (results/reference/models/) against results/baselines/decoding.json; then the engine's time
+# per step relative to the backbone's against results/baselines/engine_speed.json (coarse: 1.5x).
 check: $(STAMP)
 	$(BIN)/setdlm check-decoding
+	$(BIN)/setdlm check-speed
 
 # The reference models the default evaluates, trained from scratch by the same DAG with the
 # default's recipe (the overlay turns the reuse off and records learning curves), then copied

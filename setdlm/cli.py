@@ -218,6 +218,16 @@ def _main(argv: list[str]) -> int:
         "mini-benchmark models decode its arithmetic problems; default: random weights and "
         "random prompts",
     )
+    decode.add_argument(
+        "--against",
+        metavar="REVISION",
+        default=None,
+        help="compare this checkout with a git revision of it (e.g. c6a2d05) on the same "
+        "weights, in interleaved rounds: tok/s ratio (this / that) with its range, engine host "
+        "ms per step on each side, and whether the tokens are the same",
+    )
+    decode.add_argument("--rounds", type=REPEATS, default=5, help="with --against")
+    decode.add_argument("--threads", type=THREADS, default=1, help="with --against: per side")
 
     args = parser.parse_args(argv)
     return COMMANDS[args.command](args)
@@ -367,6 +377,13 @@ def _bench_decode(args) -> int:
         thresholds=tuple(args.thresholds),
         repeats=args.repeats,
     )
+    if args.against is not None:
+        if args.continuous or args.models is not None:
+            raise SettingError("--against compares static batches of random models")
+        from setdlm.recipes.bench_revisions import compare_revisions
+
+        compare_revisions(args.against, settings, args.rounds, args.threads)
+        return 0
     if args.stop_lengths is not None and not args.continuous:
         raise SettingError("--stop-lengths goes with --continuous (the batching benchmark)")
     if args.models is None and args.stop_lengths is None:
@@ -500,6 +517,10 @@ PASSTHROUGH = {
     "check-decoding": (
         "setdlm.report.decoding_check:main",
         "decode the default's points with the reference models against a baseline (make check)",
+    ),
+    "check-speed": (
+        "setdlm.report.speed_check:main",
+        "the decoding engine's time per step relative to the backbone's, against a reference",
     ),
     "check-training": (
         "setdlm.report.training_check:main",

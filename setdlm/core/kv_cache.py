@@ -39,10 +39,10 @@ class KVCache:
         self.batch_size = batch_size
         self.capacity = capacity
         self.device = torch.device(device)
-        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.device)  # (B,)
-        # The same lengths on the host: read for every layer of every forward, so reading them
-        # must not wait for the device.
+        # Row lengths live on the host: read for every layer of every forward, so reading them
+        # must not wait for the device; their device copy is made when something needs it.
         self._host_lengths = [0] * batch_size
+        self._lengths: torch.Tensor | None = None
         self._key_valid: torch.Tensor | None = None
         self.positions = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)
         self._keys: list[torch.Tensor | None] = [None] * num_layers  # (B, H, capacity, D)
@@ -53,6 +53,13 @@ class KVCache:
     @property
     def lengths_on_host(self) -> list[int]:
         return list(self._host_lengths)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """(B,) long on the cache's device: committed slots per row."""
+        if self._lengths is None:
+            self._lengths = torch.tensor(self._host_lengths, dtype=torch.long, device=self.device)
+        return self._lengths
 
     @property
     def width(self) -> int:
@@ -215,7 +222,7 @@ class KVCache:
 
     def _set_lengths(self, lengths: list[int]) -> None:
         self._host_lengths = list(lengths)
-        self.lengths = torch.tensor(lengths, dtype=torch.long, device=self.device)
+        self._lengths = None
         self._key_valid = None
         self._staged = 0
 

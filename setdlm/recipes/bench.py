@@ -59,18 +59,21 @@ class BenchRow:
     parallelism: float
     forward_ms: float
     overhead: float
+    # engine time outside the backbone over backbone time, median over repeats: the figure
+    # `setdlm check-speed` guards (both sides slow down together on a slower machine)
+    host_per_forward: float
 
     def line(self) -> str:
         return (
             f"{self.family:7s} {self.threshold:8.3g} {self.tokens_per_second:10.1f} "
             f"{self.nfe:6d} {self.parallelism:8.2f} {self.forward_ms:10.3f} "
-            f"{100 * self.overhead:9.1f}%"
+            f"{100 * self.overhead:9.1f}% {self.host_per_forward:8.3f}"
         )
 
 
 HEADER = (
     f"{'family':7s} {'tau':>8s} {'tok/s':>10s} {'NFE':>6s} {'parallel':>8s} "
-    f"{'fwd ms':>10s} {'overhead':>10s}"
+    f"{'fwd ms':>10s} {'overhead':>10s} {'host/fwd':>8s}"
 )
 
 
@@ -190,6 +193,9 @@ def bench_decode(settings: BenchSettings = BenchSettings(), log=print) -> list[B
                 forward_ms=1000 * forward / runs[0].nfe,
                 overhead=statistics.median(
                     (r.wall_seconds - r.forward_seconds) / r.wall_seconds for r in runs
+                ),
+                host_per_forward=statistics.median(
+                    (r.wall_seconds - r.forward_seconds) / r.forward_seconds for r in runs
                 ),
             )
             rows.append(row)

@@ -307,7 +307,7 @@ def _step(family, policy, rows, plans, cache, forward, config, stop_rule) -> Non
         num_cached.append(0 if inputs is None else inputs.num_cached)
         row.forwards += inputs is not None
         row.positions_evaluated += len(slots)
-    input_ids, position_ids = torch.tensor(ids), torch.tensor(positions)  # (B, Q) each
+    input_ids, position_ids = torch.tensor([ids, positions]).unbind(0)  # (B, Q) each, one copy
     attend = _attention(plans, width, cache, device)  # (B, Q, C + Q), or None: all visible
     # (B, D): the inputs whose logits predict a target; the LM head runs on these rows only
     outputs_at = _target_inputs(plans).to(device)
