@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from baselines.mdlm import (
+from setdlm.baselines.mdlm import (
     MDLM,
     BlockState,
     block_end_stop_check,

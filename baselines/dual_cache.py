@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from baselines.bd3lm import BlockCachePolicy
-from baselines.mdlm import BlockState, SemiAutoregressivePolicy, decode_blocks, step_quota
+from setdlm.baselines.bd3lm import BlockCachePolicy
+from setdlm.baselines.mdlm import BlockState, SemiAutoregressivePolicy, decode_blocks, step_quota
 from setdlm.core import masks
 from setdlm.core.decoding import DecodeConfig, PolicyOptions, RowInputs, RowState
 from setdlm.core.decoding.config import check_size

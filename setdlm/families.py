@@ -133,14 +133,14 @@ class FamilyInfo:
 # ------------------------------------------------------------------------------ the policies
 NEXT_TOKEN = PolicyInfo(
     name="next-token",
-    path="baselines.ar:NextTokenPolicy",
+    path="setdlm.baselines.ar:NextTokenPolicy",
     knobs=(),
     exact_cache=True,
     summary="the next position; prompt and every token cached",
 )
 SEMI_AR = PolicyInfo(
     name="semi-ar",
-    path="baselines.mdlm:SemiAutoregressivePolicy",
+    path="setdlm.baselines.mdlm:SemiAutoregressivePolicy",
     knobs=("block_size",),
     exact_cache=True,  # no cache: every step is a forward over the whole canvas
     summary="most confident masks of the current block, bidirectional forward over the "
@@ -148,7 +148,7 @@ SEMI_AR = PolicyInfo(
 )
 BLOCK_CACHE = PolicyInfo(
     name="block-cache",
-    path="baselines.bd3lm:BlockCachePolicy",
+    path="setdlm.baselines.bd3lm:BlockCachePolicy",
     knobs=("block_size", "fused_block_cache"),
     exact_cache=True,
     summary="most confident masks of the current block; a finished block is cached in the "
@@ -170,14 +170,14 @@ DUAL_CACHE = (
 )
 MASKED_DUAL_CACHE = PolicyInfo(
     name="dual-cache",
-    path="baselines.dual_cache:MaskedDualCachePolicy",
+    path="setdlm.baselines.dual_cache:MaskedDualCachePolicy",
     knobs=("block_size",),
     exact_cache=False,
     summary=DUAL_CACHE,
 )
 BLOCK_DUAL_CACHE = PolicyInfo(
     name="dual-cache",
-    path="baselines.dual_cache:BlockDualCachePolicy",
+    path="setdlm.baselines.dual_cache:BlockDualCachePolicy",
     knobs=("block_size", "sub_block_size"),
     exact_cache=False,
     summary=DUAL_CACHE,
@@ -191,7 +191,7 @@ FAMILIES: dict[str, FamilyInfo] = {
         FamilyInfo(
             name="ar",
             title="AR",
-            model_class="baselines.ar:AR",
+            model_class="setdlm.baselines.ar:AR",
             size=None,
             settings=(),
             entry_knobs=(),
@@ -208,7 +208,7 @@ FAMILIES: dict[str, FamilyInfo] = {
         FamilyInfo(
             name="mdlm",
             title="MDLM",
-            model_class="baselines.mdlm:MDLM",
+            model_class="setdlm.baselines.mdlm:MDLM",
             size=None,
             settings=(),
             entry_knobs=(),
@@ -231,7 +231,7 @@ FAMILIES: dict[str, FamilyInfo] = {
         FamilyInfo(
             name="bd3lm",
             title="BD3LM",
-            model_class="baselines.bd3lm:BD3LM",
+            model_class="setdlm.baselines.bd3lm:BD3LM",
             size=SizeRule(
                 letter="s",
                 symbol="S",

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from baselines.mdlm import SemiAutoregressiveOptions
+from setdlm.baselines.mdlm import SemiAutoregressiveOptions
 from setdlm.checkpoints.folders import load_model
 from setdlm.checkpoints.zoo import PUBLISHED
 from setdlm.core.decoding import DecodeConfig

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from baselines.mdlm import SemiAutoregressiveOptions
+from setdlm.baselines.mdlm import SemiAutoregressiveOptions
 from setdlm.checkpoints.folders import load_model
 from setdlm.core.decoding import DecodeConfig
 from setdlm.data.tokenizers import load_tokenizer

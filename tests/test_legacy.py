@@ -10,7 +10,7 @@ import pytest
 import torch
 from model_factory import decode_config, prompts, tiny_model
 
-from baselines.mdlm import SemiAutoregressiveOptions
+from setdlm.baselines.mdlm import SemiAutoregressiveOptions
 from setdlm.checkpoints.folders import CheckpointError, load_model
 from setdlm.checkpoints.legacy import load_lightning
 from setdlm.cli import main

@@ -116,7 +116,7 @@ def eos_ignored(monkeypatch):
 def bd3lm_wrong_mask(monkeypatch):
     """BD3LM's block decoded with the wrong mask: its masked positions blind to each other
     and the clean tokens causal, as in SetDLM, instead of bidirectional within the block."""
-    import baselines.bd3lm
+    import setdlm.baselines.bd3lm
     from setdlm.core import masks
 
     class WrongMasks:
@@ -129,7 +129,7 @@ def bd3lm_wrong_mask(monkeypatch):
                 clean, noisy, clean_causal=True, noisy_see_each_other=False
             )
 
-    monkeypatch.setattr(baselines.bd3lm, "masks", WrongMasks())
+    monkeypatch.setattr(setdlm.baselines.bd3lm, "masks", WrongMasks())
 
 
 # Each regression with the points it is checked on (its family's, at the τ where it acts).

@@ -26,7 +26,9 @@ from setdlm.families import FAMILIES, FAMILY_NAMES, MODEL_NAME_PATTERN, UnknownN
 from setdlm.families import family as family_info
 from setdlm.util.errors import UserError
 
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "workflows" / "config" / "schema.yaml"
+# setdlm/workflows is the top-level workflows/ folder (a link in the checkout, package data in
+# a wheel): found the same way from a checkout and from an installed package.
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflows" / "config" / "schema.yaml"
 
 
 class SettingError(UserError, ValueError):

@@ -43,7 +43,9 @@ from setdlm.util.validation import (
 )
 from setdlm.workflow import datasets
 
-WORKFLOW_DIR = Path(__file__).resolve().parents[2] / "workflows"
+# setdlm/workflows: the top-level workflows/ folder (a link in the checkout, package data in a
+# wheel), so that an installed package finds its schema, checkpoint table and profiles.
+WORKFLOW_DIR = Path(__file__).resolve().parents[1] / "workflows"
 MODELS_PATH = WORKFLOW_DIR / "config" / "models.yaml"
 # The TinySettings defaults the checks need (tests keep them equal to setdlm.recipes.tiny's;
 # importing setdlm.recipes.tiny here would load torch every time the DAG is built).
