@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from setdlm.core.schedules import LinearSchedule, StaggeredSchedule
 from setdlm.families import build_model, with_knobs
 from setdlm.families import family as family_info
 from setdlm.util.errors import DataError
+from setdlm.util.files import read_json
 
 LOGITS_ATOL = 1e-6
 LOSS_RTOL = 1e-5
@@ -117,15 +117,7 @@ def check_case(folder: Path, strict: bool = False) -> list[Check]:
 
 def read_fixture_json(path: Path) -> dict:
     """A fixture's JSON object, or a FixtureError naming the file."""
-    try:
-        value = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as error:
-        raise FixtureError(
-            f"{path}: cannot read it ({error.strerror or error}); a fixture folder holds "
-            f"{FIXTURE_FILES}"
-        ) from None
-    except ValueError as error:  # not JSON, or not UTF-8 text
-        raise FixtureError(f"{path}: not valid JSON ({error})") from None
+    value = read_json(path, FixtureError, f"a fixture folder holds {FIXTURE_FILES}")
     if not isinstance(value, dict):
         raise FixtureError(f"{path}: expected a JSON object, got a {type(value).__name__}")
     return value

@@ -154,7 +154,8 @@ def _compare(this, that, settings, rounds, scratch: Path, log) -> list[RevisionR
         that.ask(op="model", family=family, settings=shared, weights=weights, save=False)
         for threshold in thresholds_of(family, settings.thresholds):
             request = {"op": "decode", "family": family, "threshold": threshold, "settings": shared}
-            this.ask(**request), that.ask(**request)  # warm-up
+            for worker in (this, that):  # warm-up
+                worker.ask(**request)
             mine, theirs = [], []
             for round_ in range(rounds):
                 order = (this, that) if round_ % 2 == 0 else (that, this)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from setdlm.results.layout import HEADLINE_QUALITY
 from setdlm.util.errors import UserError
-from setdlm.util.files import atomic_write_json
+from setdlm.util.files import atomic_write_json, read_json
 
 # 2: each example's tokens as a digest (format 1 held the token ids: over 1 MB for 41 points)
 FORMAT = 2
@@ -209,14 +209,7 @@ def write_baseline(path: Path, decoded: list[Decoded], settings: dict) -> dict:
 
 
 def load_baseline(path: Path) -> dict:
-    try:
-        baseline = json.loads(path.read_text())
-    except OSError as error:
-        raise DecodingCheckError(
-            f"{path}: cannot read it ({error.strerror}); `setdlm check-decoding --write` writes one"
-        ) from None
-    except ValueError as error:
-        raise DecodingCheckError(f"{path}: not valid JSON ({error})") from None
+    baseline = read_json(path, DecodingCheckError, "`setdlm check-decoding --write` writes one")
     if not isinstance(baseline, dict) or baseline.get("format") != FORMAT:
         raise DecodingCheckError(f"{path}: not a decoding baseline of format {FORMAT}")
     return baseline

@@ -18,14 +18,13 @@ doubled step cost, not a 10 % one; measure those with ``setdlm bench decode --ag
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 from setdlm.util.errors import UserError
-from setdlm.util.files import atomic_write_json
+from setdlm.util.files import atomic_write_json, read_json
 
 FORMAT = 1
 DEFAULT_BASELINE = Path("results/baselines/engine_speed.json")
@@ -75,14 +74,7 @@ def write_reference(path: Path, ratios: dict[str, float]) -> None:
 
 
 def load_reference(path: Path) -> dict:
-    try:
-        reference = json.loads(path.read_text())
-    except OSError as error:
-        raise SpeedCheckError(
-            f"{path}: cannot read it ({error.strerror}); `setdlm check-speed --write` writes one"
-        ) from None
-    except ValueError as error:
-        raise SpeedCheckError(f"{path}: not valid JSON ({error})") from None
+    reference = read_json(path, SpeedCheckError, "`setdlm check-speed --write` writes one")
     if not isinstance(reference, dict):
         reference = {}
     ratios = reference.get("host_per_forward")

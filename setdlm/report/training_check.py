@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from setdlm.util.errors import UserError
-from setdlm.util.files import atomic_write_json
+from setdlm.util.files import atomic_write_json, read_json
 
 FORMAT = 1
 DEFAULT_BASELINE = Path("results/baselines/training.json")
@@ -156,10 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         baseline = write_baseline(args.baseline, args.models)
         print(f"wrote {args.baseline}: {len(baseline['models'])} models")
         return 0
-    try:
-        baseline = json.loads(args.baseline.read_text())
-    except (OSError, ValueError) as error:
-        raise TrainingCheckError(f"{args.baseline}: cannot read it ({error})") from None
+    write = "`setdlm check-training MODELS --write` writes one"
+    baseline = read_json(args.baseline, TrainingCheckError, write)
     problems = compare(baseline, args.models)
     for problem in problems:
         print(f"FAIL {problem}")

@@ -48,6 +48,19 @@ def atomic_write_json(path: Path, value: Any) -> None:
     atomic_write_text(path, json.dumps(value, indent=1, sort_keys=True) + "\n")
 
 
+def read_json(path: Path, error: type[Exception], unreadable: str = "") -> Any:
+    """The value in a JSON file, or ``error`` naming the file and what is wrong with it;
+    ``unreadable``: what to do when the file cannot be read (a command that writes it, what the
+    folder should hold), added to that message."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as problem:
+        advice = f"; {unreadable}" if unreadable else ""
+        raise error(f"{path}: cannot read it ({problem.strerror or problem}){advice}") from None
+    except ValueError as problem:  # not JSON, or not UTF-8 text
+        raise error(f"{path}: not valid JSON ({problem})") from None
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
