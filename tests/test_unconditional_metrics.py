@@ -217,11 +217,16 @@ def test_gen_ppl_prefers_real_text_to_random_tokens(trained_tiny, wiki_paragraph
 
 
 def test_window_starts_cover_every_position_once():
-    for length, context, stride in [(0, 4, 2), (1, 4, 2), (5, 2, 2), (10, 4, 3), (2000, 1024, 512)]:
+    cases = [(0, 4, 2), (1, 4, 2), (5, 2, 2), (10, 4, 3), (2000, 1024, 512), (57, 56, 56)]
+    for length, context, stride in cases:
         windows = window_starts(length, context, stride)
         scored = [p for _, end, first in windows for p in range(first, end)]
         assert scored == list(range(1, length))
         assert all(end - begin <= context for begin, end, _ in windows)
+        # every scored token has the one before it in its window (a stride of a whole
+        # context used to start the next window at the token it scored first)
+        assert all(begin < first for begin, _, first in windows)
+    assert window_starts(57, 56, 56) == [(0, 56, 1), (55, 57, 56)]
     assert window_starts(2000, 1024, 512) == [(0, 1024, 1), (512, 1536, 1024), (1024, 2000, 1536)]
     with pytest.raises(ValueError, match="stride"):
         PerplexitySettings(context=8, stride=16)

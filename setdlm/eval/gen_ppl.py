@@ -182,16 +182,18 @@ def window_starts(length: int, context: int, stride: int) -> list[tuple[int, int
     """(begin, end, first scored position) of each window over ``length`` tokens.
 
     Position 0 is never scored (nothing precedes it); every other position is scored by
-    exactly one window, the first whose end lies beyond it.
+    exactly one window, the first whose end lies beyond it. A window starts ``stride`` after
+    the one before, but never after the token before the first it scores: with a stride of a
+    whole context, the next window would otherwise begin at the very token it scores first,
+    with nothing in it to predict that token from.
     """
-    windows, scored_until = [], 1
-    for begin in range(0, max(length, 1), stride):
+    windows, scored_until, begin = [], 1, 0
+    while scored_until < length:
+        begin = min(begin, scored_until - 1)
         end = min(begin + context, length)
-        if end > scored_until:
-            windows.append((begin, end, scored_until))
-            scored_until = end
-        if end == length:
-            break
+        windows.append((begin, end, scored_until))
+        scored_until = end
+        begin += stride
     return windows
 
 
