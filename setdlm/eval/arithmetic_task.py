@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from setdlm.core.decoding import DecodeConfig
 from setdlm.eval import arithmetic
@@ -27,6 +28,7 @@ from setdlm.eval.intervals import scored_means
 from setdlm.eval.paper_decoding import paper_decode_config
 from setdlm.eval.runner import Example, Task
 from setdlm.families import family as family_info
+from setdlm.util.files import read_json
 from setdlm.util.validation import SettingError
 
 VARIANTS = ("solve", "infill")
@@ -143,3 +145,15 @@ class ArithmeticTask(Task):
         for name, definition in definitions.items():
             quality[name]["definition"] = f"{definition}; mean over {len(records)} test problems"
         return quality
+
+
+def training_problems(model: str) -> dict | None:
+    """The ``arithmetic.identity`` of the problems a model folder was trained on (its
+    checkpoint.json's ``data``), or None: not a folder trained here on arithmetic problems."""
+    marker = Path(model) / "checkpoint.json"
+    if not marker.is_file():
+        return None
+    data = read_json(marker, SettingError).get("data")
+    if not isinstance(data, dict) or data.get("split") != "train" or "generator" not in data:
+        return None
+    return data

@@ -85,7 +85,11 @@ def add_parsers(commands) -> None:
     )
     parsers["arithmetic"].add_argument("--variant", choices=("solve", "infill"), default="solve")
     parsers["likelihood"].add_argument(
-        "--data", choices=tuple(LIKELIHOOD_TASKS.values()), default="wikitext2"
+        "--data",
+        choices=tuple(LIKELIHOOD_TASKS.values()),
+        default="wikitext2",
+        help="a held-out text set, or arithmetic: the synthetic test problems one per row "
+        "(--limit of them, default 300, from --generator and --problem-seed)",
     )
 
 
@@ -165,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             limit=args.limit,
             model_source=loaded.source(args.model),
+            generator=args.generator,  # both read only with --data arithmetic
+            problem_seed=args.problem_seed,
         )
         print(json.dumps(metrics["quality"], indent=1))
         return 0
@@ -293,6 +299,8 @@ def _run_point(args, loaded, tokenizer, threshold: float, out: Path, settings) -
 
 
 def _run_unconditional(args, loaded, tokenizer, base: DecodeConfig, out: Path, settings) -> dict:
+    from setdlm.eval import arithmetic
+    from setdlm.eval.arithmetic_task import training_problems
     from setdlm.eval.sample_rules import Rejection
     from setdlm.eval.unconditional import (
         GenerationSettings,
@@ -307,6 +315,9 @@ def _run_unconditional(args, loaded, tokenizer, base: DecodeConfig, out: Path, s
         "max_new_tokens": args.max_new_tokens or loaded.model.config.length - 1,
         "rejection": Rejection(*args.reject),  # ENTROPY,LENGTH,ATTEMPTS, by the schema's rules
     }
+    if args.references in arithmetic.GRAMMARS:  # samples judged as problems of that generator
+        changes["grammar"] = args.references
+        changes["training_problems"] = training_problems(args.model)
     if args.top_p is not None:
         changes["top_p"] = args.top_p
     if args.repetition_penalty is not None:

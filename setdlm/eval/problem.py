@@ -13,3 +13,8 @@ class Problem:
     id: str  # "<split>-<row index>": stable across sources and limits
     question: str
     answer: str  # the reference solution, ending with "#### <number>"
+
+    @property
+    def text(self) -> str:
+        """The whole problem as a training document: the question, then its solution."""
+        return f"{self.question}\n{self.answer}"

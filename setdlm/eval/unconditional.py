@@ -24,6 +24,7 @@ chunks) with special tokens, but its generations BOS-prefixed and EOS-truncated.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib.metadata
 import statistics
@@ -31,9 +32,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from setdlm.core.decoding import DecodeConfig
+from setdlm.eval import arithmetic
 from setdlm.eval.fingerprint import sample_provenance
 from setdlm.eval.gen_ppl import (
     DEFAULT_EVALUATOR,
@@ -43,6 +46,7 @@ from setdlm.eval.gen_ppl import (
     load_evaluator,
     unigram_entropy,
 )
+from setdlm.eval.intervals import bootstrap_95, scored_means
 from setdlm.eval.likelihood import prepared_documents
 from setdlm.eval.mauve_score import (
     BOOTSTRAP_BASE_SEED,
@@ -91,7 +95,14 @@ OWT_VALID_SPLIT = "train[-100000:]"  # the paper's OWT validation documents (SPE
 REFERENCE_SOURCES = {
     "owt": f"OpenWebText validation ({OWT_HUB_ID}, {OWT_VALID_SPLIT}; Hub)",
     "wikitext2": "WikiText-2 test, held-out articles (data mirror offline, else Hub)",
+    **{
+        version: f"{version} test problems (setdlm/eval/arithmetic.py, problem seed 0), one "
+        "per EOS-filled row as the models were trained"
+        for version in arithmetic.GRAMMARS
+    },
 }
+# An arithmetic reference pool with no limit: this many test problems (the generator has no end).
+ARITHMETIC_POOL = 1000
 
 
 # --------------------------------------------------------------------------------- settings
@@ -106,6 +117,11 @@ class GenerationSettings:
     low_confidence_stop: LowConfidenceStop | None = LowConfidenceStop()
     entropy_stop: EntropyStop | None = EntropyStop()
     rejection: Rejection = Rejection()
+    # Arithmetic models (references arithmetic-<n>): each sample is judged as a problem of
+    # this generator version (valid, correct) and against the model's training problems
+    # (novel; ``training_problems`` is their arithmetic.identity, None: novelty not scored).
+    grammar: str | None = None
+    training_problems: dict | None = None
 
     def __post_init__(self):
         if self.num_samples < 1 or self.max_new_tokens < 1:
@@ -113,6 +129,8 @@ class GenerationSettings:
                 f"num_samples and max_new_tokens must be >= 1, got {self.num_samples}, "
                 f"{self.max_new_tokens}"
             )
+        if self.grammar is not None:
+            arithmetic.grammar(self.grammar)
 
     @classmethod
     def table4(cls, family: str, **changes) -> GenerationSettings:
@@ -132,7 +150,9 @@ class GenerationSettings:
         return dataclasses.replace(paper, **changes)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        # The judge's settings only when set: samples from before they existed keep their hash.
+        judged = ("grammar", "training_problems")
+        return {k: v for k, v in asdict(self).items() if k not in judged or v is not None}
 
 
 @dataclass(frozen=True)
@@ -203,6 +223,7 @@ class UnconditionalTask(Task):
         self.generation, self.scoring = generation, scoring
         self.featurizer, self.evaluator = featurizer, evaluator
         self._prepared = None  # (tokenizer, model) once examples() has run
+        self._judge = None  # arithmetic.SampleJudge of generation.grammar, from examples()
 
     def settings(self) -> dict:
         return {"generation": self.generation.to_dict(), "scoring": self.scoring.to_dict()}
@@ -221,6 +242,10 @@ class UnconditionalTask(Task):
         self._refuse_unreachable_scorers()
         self._refuse_short_reference_pool(tokenizer, model.config.length)
         self._prepared = (tokenizer, model)
+        if self.generation.grammar is not None and self._judge is None:
+            generation = self.generation
+            training = generation.training_problems
+            self._judge = _judge(generation.grammar, tuple(sorted((training or {}).items())))
         prompt = tokenizer.decode([bos], skip_special_tokens=False)
         return [
             Example(id=f"sample-{i:05d}", input_ids=[bos], prompt=prompt, reference=None)
@@ -291,18 +316,21 @@ class UnconditionalTask(Task):
 
     def score(self, example: Example, text: str) -> dict[str, float]:
         # U+FFFD marks bytes that do not decode as UTF-8 (a byte-level BPE can end mid-character).
-        return {"characters": len(text), "invalid_utf8_output": float("\ufffd" in text)}
+        scores = {"characters": len(text), "invalid_utf8_output": float("\ufffd" in text)}
+        if self._judge is not None:
+            scores |= self._judge.scores(text)
+        return scores
 
     def aggregate(self, records: list[dict]) -> dict[str, dict]:
         if self._prepared is None:
             raise RuntimeError("aggregate() needs examples(tokenizer, model) to have run first")
         tokenizer, model = self._prepared
         if self.featurizer is None:
-            self.featurizer = load_featurizer(
+            self.featurizer = _featurizer(
                 self.scoring.featurizer, model.device, self.scoring.featurizer_batch_size
             )
         if self.evaluator is None and self.scoring.evaluator is not None:
-            self.evaluator = load_evaluator(self.scoring.evaluator, model.device)
+            self.evaluator = _evaluator(self.scoring.evaluator, model.device)
         return score_samples(
             records,
             tokenizer,
@@ -312,6 +340,34 @@ class UnconditionalTask(Task):
             self.featurizer,
             self.evaluator,
         )
+
+
+# One process scores several points (a τ sweep): what every point of it shares is loaded or
+# computed once. Each is a pure function of its key (a loaded model is used read-only).
+@functools.cache
+def _featurizer(name: str, device, batch_size: int | None) -> Featurizer:
+    return load_featurizer(name, device, batch_size)
+
+
+@functools.cache
+def _evaluator(name: str, device) -> CausalScorer:
+    return load_evaluator(name, device)
+
+
+@functools.cache
+def _judge(version: str, training: tuple) -> arithmetic.SampleJudge:
+    return arithmetic.SampleJudge(version, dict(training) or None)
+
+
+_REFERENCE_FEATURES: dict[tuple[str, str], np.ndarray] = {}
+
+
+def _reference_features(featurizer: Featurizer, texts: list[str]) -> np.ndarray:
+    """The featurizer's features of the reference texts, computed once per process."""
+    key = (featurizer.identity_string, _digest(texts))
+    if key not in _REFERENCE_FEATURES:
+        _REFERENCE_FEATURES[key] = featurizer.features(texts)
+    return _REFERENCE_FEATURES[key]
 
 
 # ----------------------------------------------------------------------------- decoding loop
@@ -496,6 +552,8 @@ def load_reference_pool(
     """Held-out documents, chunked like the training data (``ChunkedLMDataset``: one token
     stream with EOS after each document, wrapped into BOS + ``length - 1`` token chunks); the
     first ``limit`` chunks, or all of them."""
+    if source in arithmetic.GRAMMARS:
+        return _arithmetic_reference_pool(source, tokenizer, length, limit)
     if source == "wikitext2":
         from setdlm.data.text import load_wikitext2
 
@@ -517,6 +575,27 @@ def load_reference_pool(
         "revision": revision,
         "documents": len(documents),
         "documents_tokenized": used,
+        "chunk_tokens": length,
+        "pool_size": len(chunks),
+        "tokenizer": tokenizer.name_or_path,
+    }
+    return ReferencePool(chunks, info)
+
+
+def _arithmetic_reference_pool(version: str, tokenizer, length: int, limit: int | None):
+    """The first ``limit`` test problems of ``version``, one per row as the models were
+    trained (BOS, the problem, EOS, EOS fill): the text MAUVE compares samples with."""
+    from setdlm.data.text import PaddedRowsDataset
+
+    count = ARITHMETIC_POOL if limit is None else limit
+    problems = arithmetic.generate("test", count, 0, version)
+    chunks = PaddedRowsDataset([p.text for p in problems], tokenizer, length).input_ids  # (N, L)
+    info = {
+        "source": version,
+        "description": REFERENCE_SOURCES[version],
+        "revision": None,
+        "documents": count,
+        "documents_tokenized": count,
         "chunk_tokens": length,
         "pool_size": len(chunks),
         "tokenizer": tokenizer.name_or_path,
@@ -578,6 +657,7 @@ def score_samples(
     quality["unigram_entropy"] = {
         "value": statistics.mean(entropies),
         "std": statistics.pstdev(entropies),
+        "bootstrap_95": bootstrap_95({"entropy": entropies})["entropy"],
         "definition": "mean over samples of the entropy (nats) of the sample's token-id "
         "frequencies (generated tokens kept, EOS excluded)",
     }
@@ -586,6 +666,8 @@ def score_samples(
         "std": statistics.pstdev(lengths),
         "definition": "mean number of kept generated tokens per sample (EOS excluded)",
     }
+    if generation.grammar is not None:
+        quality |= _arithmetic_metrics(records, generation)
     quality["rejection"] = _rejection_metric(records, generation)
     quality["stop_reasons"] = {
         "value": len(records),
@@ -639,7 +721,7 @@ def _mauve_metrics(ids, tokenizer, length: int, scoring: ScoringSettings, featur
     needed = sorted(set(first).union(*subsets))
     row_of = {index: row for row, index in enumerate(needed)}
     texts = [reference_text(pool.chunks[i], tokenizer, scoring.text_protocol) for i in needed]
-    reference_features = featurizer.features(texts)  # (len(needed), d)
+    reference_features = _reference_features(featurizer, texts)  # (len(needed), d)
     generation_features = featurizer.features(policy.texts)  # (generations kept, d)
 
     references = pool.info | {
@@ -689,6 +771,41 @@ def _mauve_metrics(ids, tokenizer, length: int, scoring: ScoringSettings, featur
             **common,
             "references": references | {"subsets_sha256": _digest(map(str, subsets))},
         }
+    return quality
+
+
+def _arithmetic_metrics(records, generation: GenerationSettings) -> dict:
+    """Validity, correctness and novelty of samples judged as problems of the generator
+    (per-sample 0/1 scores, each mean with its bootstrap interval over samples), and why the
+    others are not valid or not correct."""
+    version, training = generation.grammar, generation.training_problems
+    definitions = {
+        "valid": f"the sample reads as a problem of {version}'s grammar (setdlm/eval/"
+        "arithmetic.py judge_sample: names, objects, start, operations and their bounds), "
+        "with a solution of its shape (one 'a op b = c' line per operation, then '#### n')",
+        "correct": "valid, and every solution step and the final answer right for the "
+        "problem it states (+ and x steps in either operand order where the grammar allows)",
+    }
+    if training is not None:
+        definitions["novel"] = (
+            f"valid, and its question is none of the model's {training['count']} training "
+            f"problems ({training['generator']}, seed {training['seed']}; exact match)"
+        )
+    quality = scored_means(records, definitions)
+    for name, definition in definitions.items():
+        quality[name]["definition"] = f"{definition}; fraction of {len(records)} samples"
+    verdicts = [arithmetic.judge_sample(r["output_text"], version) for r in records]
+    quality["judged_reasons"] = {
+        "value": sum(not v.correct for v in verdicts),
+        # "question" / "solution" (their details vary by sample), "wrong: step k" as it is
+        "counts": _counts(
+            v.reason if v.reason.startswith("wrong") else v.reason.split(":")[0]
+            for v in verdicts
+            if v.reason
+        ),
+        "definition": "samples not correct, by why: question (not of the grammar), solution "
+        "(not of its shape) or wrong (a step or the final answer)",
+    }
     return quality
 
 

@@ -133,7 +133,7 @@ def corpus_documents(settings: TinySettings) -> list[str]:
         problems = arithmetic.generate(
             "train", settings.problems, settings.problems_seed, settings.generator
         )
-        return [f"{problem.question}\n{problem.answer}" for problem in problems]
+        return [problem.text for problem in problems]
     return load_wikitext2().train
 
 

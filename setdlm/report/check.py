@@ -189,12 +189,14 @@ def across_numerics_rule(point: ResultPoint, metric: str) -> dict:
         few = point.task in FEW_SAMPLE_TASKS
         return {"rel_tolerance": FEW_SAMPLE_TOLERANCE if few else COUNTED_SPEED_TOLERANCE}
     name = metric.split(".")[1]
-    if point.interval(name) is not None:
-        return {"statistical": True}
+    # Likelihood before intervals: its NLL has had an interval over sequences since the
+    # likelihood-arithmetic task, but the statistical rule's one-example slack is a proportion's.
     if point.task.startswith("likelihood-"):
         if name == "perplexity":  # exp(NLL): 5 % of an NLL near 5 nats is 29 % of it
             return {"rel_tolerance": PERPLEXITY_TOLERANCE}
         return {"rel_tolerance": LIKELIHOOD_TOLERANCE}
+    if point.interval(name) is not None:
+        return {"statistical": True}
     return {"rel_tolerance": FEW_SAMPLE_TOLERANCE}
 
 

@@ -77,6 +77,13 @@ FIGURES = {
         "step exact match (%)",
         100.0,
     ),
+    "arithmetic-unconditional": FigureSpec(
+        "arithmetic-unconditional",
+        "Synthetic arithmetic (whole problems sampled from BOS)",
+        HEADLINE_QUALITY["arithmetic-unconditional"],
+        "correct samples (%)",
+        100.0,
+    ),
 }
 # A τ label is left out when it would sit closer than this to one already drawn, in
 # fractions of the axes' data range.

@@ -110,9 +110,33 @@ ARITHMETIC = TableSpec(
     + " arithmetic-solve rows are scored by accuracy (GSM8K answer extraction), "
     "arithmetic-infill rows by exact match of the masked step and of its result.",
 )
+ARITHMETIC_UNCONDITIONAL = TableSpec(
+    "arithmetic_unconditional",
+    "Synthetic arithmetic: whole problems sampled from BOS as τ falls",
+    ("arithmetic-unconditional",),
+    (
+        Metric("correct", "correct (%)", 100.0, interval=True),
+        Metric("valid", "valid (%)", 100.0, interval=True),
+        Metric("novel", "novel (%)", 100.0, interval=True),
+        Metric("mauve", "MAUVE", digits=3, interval=True),
+        Metric("gen_ppl", "gen-PPL", interval=True),
+        Metric("unigram_entropy", "entropy (nats)", interval=True),
+        Metric("length", "length (tokens)", digits=1),
+    ),
+    "Units: % of samples (metrics.json value × 100), each sample read as a problem of the "
+    "generator: valid = a question the generator could draw with a solution of its shape; "
+    "correct = valid with every step and the answer right; novel = valid and not one of the "
+    "model's training questions. MAUVE in [0, 1] against the generator's test problems, "
+    "with the offline featurizer (not comparable with gpt2-large MAUVE); gen-PPL under the "
+    "first seed of the trained AR arithmetic model (lower is better; that model scores its "
+    "own family's samples too, so AR's gen-PPL is flattered); entropy in nats per sample. "
+    + INTERVALS
+    + " MAUVE and gen-PPL are one number per run: their interval is over seeds only.",
+)
 SPECS = {
     "gsm8k": GSM8K,
     "arithmetic": ARITHMETIC,
+    "arithmetic_unconditional": ARITHMETIC_UNCONDITIONAL,
     "cnndm": TableSpec(
         "cnndm",
         "CNN/DailyMail summarization",
@@ -149,16 +173,46 @@ LIKELIHOOD = TableSpec(
     "Held-out likelihood",
     (),  # every likelihood-<data> folder
     (
-        Metric("nll", "NLL (nats/token)", digits=3),
+        Metric("nll", "NLL (nats/token)", digits=3, interval=True),
         Metric("perplexity", "perplexity"),
         Metric("bits_per_token", "bits/token", digits=3),
         Metric("bits_per_byte", "bits/byte", digits=3),
         Metric("tokens", "tokens", digits=0),
     ),
     "Units: NLL in nats per counted token (an upper bound for the diffusion families, see the "
-    "definitions); perplexity = exp(NLL); bits per token and per UTF-8 byte; tokens counted.",
+    "definitions); perplexity = exp(NLL); bits per token and per UTF-8 byte; tokens counted. "
+    + INTERVALS,
 )
-TABLES = ("gsm8k", "cnndm", "infill", "unconditional", "likelihood", "arithmetic")
+# What a likelihood row's number is, and what it may be compared with.
+LIKELIHOOD_MEASURES = (
+    "measures: what each row's NLL is (its metrics.json definition) - the exact NLL for AR; "
+    "for MDLM and BD3LM the NELBO and for SetDLM the NLL of one sampled order, both upper "
+    "bounds on the NLL, so a diffusion row above AR's does not by itself mean a worse model. "
+    "Numbers compare only within one data set (its own text, tokenizer and rows), never across."
+)
+LIKELIHOOD_ARITHMETIC = (
+    "arithmetic: the synthetic test problems, one per row as the arithmetic models are "
+    "trained (BOS, question, solution, EOS, then EOS filling the row to the model's length), "
+    "and the EOS fill is counted like any token, so the numbers include predicting the end "
+    "and what follows it (bits/byte counts each EOS as the bytes of its text). Every family "
+    "scores the same rows, so the arithmetic rows compare across families - with AR's number "
+    "exact and the others' upper bounds"
+)
+LIKELIHOOD_INTERVAL = (
+    "The NLL interval of a row of one model resamples its sequences (1000 seeded resamples), "
+    "each resample's total NLL over its total counted tokens (the aggregation of the value); "
+    "it holds the sampling of the sequences only, not the Monte-Carlo noise of a bound or "
+    "another training."
+)
+TABLES = (
+    "gsm8k",
+    "cnndm",
+    "infill",
+    "unconditional",
+    "likelihood",
+    "arithmetic",
+    "arithmetic_unconditional",
+)
 
 SPEED_COLUMNS = [
     Column("tokens_per_second", "tok/s", 2, spread=True),
@@ -585,6 +639,7 @@ def likelihood_table(results: Results) -> Table:
     columns = [
         Column("data", "data"),
         Column("model", "model"),
+        Column("measures", "measures"),
         Column("examples", "sequences", 0),
         *[m.column() for m in LIKELIHOOD.metrics],
         *TRACE_COLUMNS,
@@ -593,6 +648,7 @@ def likelihood_table(results: Results) -> Table:
         {
             "data": p.task.removeprefix("likelihood-"),
             "model": p.model,
+            "measures": likelihood_measured(p),
             "examples": p.metrics.get("examples"),
             **{m.name: m.cell(p) for m in LIKELIHOOD.metrics},
             "point": p.key,
@@ -600,8 +656,35 @@ def likelihood_table(results: Results) -> Table:
         }
         for p in points
     ]
-    notes = [LIKELIHOOD.units, *_result_notes(points, LIKELIHOOD, results), NO_PUBLISHED]
+    notes = [LIKELIHOOD.units, LIKELIHOOD_MEASURES]
+    arithmetic = [p for p in points if p.config.get("data") == "arithmetic"]
+    if arithmetic:
+        problems = _grouped(arithmetic, _problems_text)
+        notes.append(f"{LIKELIHOOD_ARITHMETIC} ({problems}).")
+    if any(p.interval("nll") is not None for p in points):
+        notes += [interval_note(points), LIKELIHOOD_INTERVAL]
+    notes += [*_result_notes(points, LIKELIHOOD, results), NO_PUBLISHED]
     return Table(LIKELIHOOD.key, LIKELIHOOD.title, columns, rows, notes)
+
+
+def likelihood_measured(point: ResultPoint) -> str | None:
+    """What a likelihood row's NLL is: its definition in metrics.json, less the unit (exact
+    NLL, a NELBO, one order's NLL; with the Monte-Carlo draws), else the family's text."""
+    entry = point.metrics.get("quality", {}).get("nll") or {}
+    definition = entry.get("definition")
+    if definition:
+        return definition.split(", nats per counted token")[0]
+    return family_info(point.family).likelihood if point.family in FAMILY_NAMES else None
+
+
+def _problems_text(metrics: dict) -> str:
+    problems = (metrics.get("config") or {}).get("problems") or {}
+    if not problems:
+        return "problems not recorded"
+    return (
+        f"{problems.get('count')} {problems.get('split')} problems of {problems.get('generator')}, "
+        f"problem seed {problems.get('seed')}"
+    )
 
 
 # ------------------------------------------------------------------------------------- notes

@@ -38,14 +38,17 @@ ARTIFACTS_FOLDER = "mlartifacts"
 # The files of a result folder (mirrored as MLflow artifacts, when present).
 RESULT_FILES = ("samples.jsonl", "metrics.json", "run.json", "throughput.json")
 
-# arithmetic-*: the synthetic task of setdlm/eval/arithmetic.py (solve, and infill one step)
-ARITHMETIC_TASKS = ("arithmetic-solve", "arithmetic-infill")
+# arithmetic-*: the synthetic task of setdlm/eval/arithmetic.py (solve, infill one step, and
+# sample whole problems from BOS: `setdlm eval unconditional --references arithmetic-<n>`)
+ARITHMETIC_TASKS = ("arithmetic-solve", "arithmetic-infill", "arithmetic-unconditional")
 DECODING_TASKS = ("gsm8k", "cnndm", "infill-1", "infill-3", "unconditional", *ARITHMETIC_TASKS)
 # likelihood-<data>: the held-out set each likelihood task reads
 LIKELIHOOD_TASKS = {
     "likelihood-wikitext2": "wikitext2",
     "likelihood-owt": "owt",
     "likelihood-lm1b": "lm1b",
+    # the synthetic arithmetic test problems, one per row (models trained on arithmetic)
+    "likelihood-arithmetic": "arithmetic",
 }
 TASKS = (*DECODING_TASKS, *LIKELIHOOD_TASKS)
 LIKELIHOOD_PREFIX = "likelihood-"
@@ -60,6 +63,7 @@ TASK_FIELDS = {
     "unconditional": "unconditional",
     "arithmetic-solve": "arithmetic-solve",
     "arithmetic-infill": "arithmetic-infill",
+    "arithmetic-unconditional": "unconditional",
 }
 # The quality each task is plotted and compared by (its figure's y axis, MLflow's `quality`).
 HEADLINE_QUALITY = {
@@ -70,6 +74,7 @@ HEADLINE_QUALITY = {
     "unconditional": "mauve",
     "arithmetic-solve": "strict_match",
     "arithmetic-infill": "step_exact",
+    "arithmetic-unconditional": "correct",
 }
 LIKELIHOOD_HEADLINE = "nll"
 
@@ -88,6 +93,8 @@ TASK_DOMAIN = {
     # no published checkpoint is trained on it: only models trained here evaluate it
     "arithmetic-solve": "arithmetic",
     "arithmetic-infill": "arithmetic",
+    "arithmetic-unconditional": "arithmetic",
+    "likelihood-arithmetic": "arithmetic",
 }
 DOMAINS = ("gsm8k", "cnndm", "owt", "lm1b")
 
@@ -98,7 +105,8 @@ TABLES = {
     "infill": ("infill-1", "infill-3"),
     "unconditional": ("unconditional",),
     "likelihood": tuple(LIKELIHOOD_TASKS),
-    "arithmetic": ARITHMETIC_TASKS,
+    "arithmetic": ("arithmetic-solve", "arithmetic-infill"),
+    "arithmetic_unconditional": ("arithmetic-unconditional",),
 }
 TABLE_FORMATS = ("md", "csv", "tex")
 # The file name `setdlm report tables` gives each table: <tables>/<stem>.{md,csv,tex}.
@@ -109,6 +117,7 @@ TABLE_FILES = {
     "unconditional": "unconditional",
     "likelihood": "likelihood",
     "arithmetic": "arithmetic_pareto",
+    "arithmetic_unconditional": "arithmetic_unconditional",
 }
 # One speed-quality figure per decoding task: <figures>/<task>_pareto.{png,pdf}.
 FIGURE_FORMATS = ("png", "pdf")

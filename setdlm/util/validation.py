@@ -43,6 +43,8 @@ def schema() -> dict:
         loaded = yaml.safe_load(handle)
     loaded["$defs"]["model"]["properties"]["family"]["enum"] = list(FAMILY_NAMES)
     loaded["$defs"]["generator"]["enum"] = list(ARITHMETIC_GRAMMARS)
+    # unconditional samples of arithmetic models are judged against a generator's problems
+    loaded["$defs"]["unconditional"]["properties"]["references"]["enum"] += ARITHMETIC_GRAMMARS
     loaded["properties"]["models"]["propertyNames"]["pattern"] = MODEL_NAME_PATTERN
     return loaded
 

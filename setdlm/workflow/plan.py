@@ -66,6 +66,17 @@ CURVE_STEMS = ("learning_curves", "learning_curves_points")
 BASE_RESOURCES = {"cpus": 1, "mem_mb": 4000, "runtime": 60, "gpus": 0}
 # Settings that choose which jobs exist rather than what one job computes.
 NOT_PER_POINT = ("models", "thresholds", "overrides", "policies")
+# Likelihood settings read only with data arithmetic (likelihood-arithmetic).
+ARITHMETIC_ONLY = ("generator", "problem_seed")
+
+
+def unread_settings(task: str) -> tuple[str, ...]:
+    """Settings of a task's schema node that its evaluation does not read: a held-out set's
+    likelihood ignores the arithmetic problems' settings, which stay out of its identity (so
+    that the results computed before they existed keep their hash) and its command line."""
+    if task in LIKELIHOOD_TASKS and LIKELIHOOD_TASKS[task] != "arithmetic":
+        return ARITHMETIC_ONLY
+    return ()
 
 
 @dataclass(frozen=True)
@@ -130,6 +141,12 @@ class Plan:
     def model_marker(self, name: str, domain: str | None = None, seed: int | None = None) -> str:
         marker = "checkpoint.json" if domain is None else f"checkpoint-{domain}.json"
         return f"{self.model_folder(name, seed)}/{marker}"
+
+    def evaluator_seed(self, name: str) -> int | None:
+        """The seed of a workflow model that scores others (gen-PPL): its first, so every
+        point is scored by one and the same model; None when it is trained once."""
+        seeds = model_seeds(self.config, name)
+        return seeds[0] if seeds else None
 
     def model_folder(self, name: str, seed: int | None = None) -> str:
         seeded = f"/{seed_folder(seed)}" if seed is not None else ""
@@ -294,8 +311,10 @@ def _plan_model_points(plan: Plan, published: dict, task: str, settings: dict, n
     override = settings.get("overrides", {}).get(name, {})
     evaluator = settings.get("evaluator")
     if isinstance(evaluator, dict):
-        inputs["evaluator"] = plan.model_marker(evaluator["model"])
-    shared = {key: value for key, value in settings.items() if key not in NOT_PER_POINT}
+        judge = evaluator["model"]
+        inputs["evaluator"] = plan.model_marker(judge, seed=plan.evaluator_seed(judge))
+    unread = (*NOT_PER_POINT, *unread_settings(task))
+    shared = {key: value for key, value in settings.items() if key not in unread}
     if shared.get("batching") == "auto":
         # Added after results existed, and batching changes no sample: at its default it leaves
         # the identity (and so the results computed before it) unchanged.
@@ -349,24 +368,40 @@ def _plan_model_points(plan: Plan, published: dict, task: str, settings: dict, n
         )
 
 
+# Tasks that another task's command runs, and that command's schema node.
+COMMAND_NODES = {"arithmetic-unconditional": "unconditional"}
+
+
+def eval_command(task: str) -> str:
+    """The ``setdlm eval`` command of a workflow task."""
+    if task in LIKELIHOOD_TASKS:
+        return "likelihood"
+    return COMMAND_NODES.get(task) or task.split("-")[0]
+
+
 def eval_args(
     task, settings, override, plan, name, model_arg, folder, tau, policy=None
 ) -> tuple[str, ...]:
     """The ``setdlm eval`` arguments of one point: every setting spelled out. The task's schema
     node says which settings there are and how each is written (``task_settings``), the same
     definitions ``setdlm eval``'s options are built from."""
-    command = "likelihood" if task in LIKELIHOOD_TASKS else task.split("-")[0]
+    command = eval_command(task)
     args = [command, "--model", model_arg, "--out", folder]
     values = {**settings, **{key: override[key] for key in ("batch_size",) if key in override}}
     evaluator = settings.get("evaluator")
     if isinstance(evaluator, dict):  # an AR model trained by this workflow
-        values["evaluator"] = f"{plan.run}/models/{evaluator['model']}"
-    for setting in task_settings(schema_task(task)):
-        args += setting.args(values.get(setting.key))
+        judge = evaluator["model"]
+        values["evaluator"] = plan.model_folder(judge, plan.evaluator_seed(judge))
+    # Written as the command's own options read them: a task with a node of its own (other
+    # defaults) spells every value out in the command node's form (a flag, its negation).
+    node = COMMAND_NODES.get(task, schema_task(task))
+    for setting in task_settings(node, skip=unread_settings(task)):
+        if setting.key in values:
+            args += setting.args(values[setting.key])
     if task in LIKELIHOOD_TASKS:
         args += ["--data", LIKELIHOOD_TASKS[task]]
         return tuple(str(arg) for arg in args)
-    if task.startswith(("infill", "arithmetic")):
+    if task.startswith(("infill", "arithmetic")) and command != "unconditional":
         args += ["--variant", task if task.startswith("infill") else task.split("-")[1]]
     args += ["--threshold", repr(float(tau))]
     if policy is not None:
