@@ -28,6 +28,7 @@ from setdlm.eval.intervals import scored_means
 from setdlm.eval.paper_decoding import paper_decode_config
 from setdlm.eval.runner import Example, Task
 from setdlm.families import family as family_info
+from setdlm.results.layout import TRAINED_MARKER
 from setdlm.util.files import read_json
 from setdlm.util.validation import SettingError
 
@@ -150,7 +151,7 @@ class ArithmeticTask(Task):
 def training_problems(model: str) -> dict | None:
     """The ``arithmetic.identity`` of the problems a model folder was trained on (its
     checkpoint.json's ``data``), or None: not a folder trained here on arithmetic problems."""
-    marker = Path(model) / "checkpoint.json"
+    marker = Path(model) / TRAINED_MARKER
     if not marker.is_file():
         return None
     data = read_json(marker, SettingError).get("data")

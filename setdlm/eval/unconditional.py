@@ -47,7 +47,7 @@ from setdlm.eval.gen_ppl import (
     unigram_entropy,
 )
 from setdlm.eval.intervals import bootstrap_95, scored_means
-from setdlm.eval.likelihood import prepared_documents
+from setdlm.eval.likelihood import arithmetic_rows, prepared_documents
 from setdlm.eval.mauve_score import (
     BOOTSTRAP_BASE_SEED,
     BOOTSTRAP_RNG_SEED,
@@ -584,12 +584,10 @@ def load_reference_pool(
 
 def _arithmetic_reference_pool(version: str, tokenizer, length: int, limit: int | None):
     """The first ``limit`` test problems of ``version``, one per row as the models were
-    trained (BOS, the problem, EOS, EOS fill): the text MAUVE compares samples with."""
-    from setdlm.data.text import PaddedRowsDataset
-
+    trained (BOS, the problem, EOS, EOS fill): the text MAUVE compares samples with, the rows
+    likelihood-arithmetic scores."""
     count = ARITHMETIC_POOL if limit is None else limit
-    problems = arithmetic.generate("test", count, 0, version)
-    chunks = PaddedRowsDataset([p.text for p in problems], tokenizer, length).input_ids  # (N, L)
+    chunks = arithmetic_rows(tokenizer, length, count, 0, version).input_ids  # (N, L)
     info = {
         "source": version,
         "description": REFERENCE_SOURCES[version],

@@ -132,13 +132,10 @@ def analyze(model_dir: Path, problems: int, generator: str | None = None) -> dic
 
 def _trained_generator(model_dir: Path) -> str:
     from setdlm.eval import arithmetic
+    from setdlm.eval.arithmetic_task import training_problems
 
-    marker = model_dir / "checkpoint.json"
-    if marker.is_file():
-        data = json.loads(marker.read_text()).get("data") or {}
-        if data.get("generator"):
-            return data["generator"]
-    return arithmetic.GENERATOR_VERSION
+    data = training_problems(str(model_dir))
+    return data["generator"] if data else arithmetic.GENERATOR_VERSION
 
 
 def main(argv: list[str]) -> int:
