@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -39,6 +40,7 @@ def pytest_sessionfinish(session, exitstatus):
     if SLURM_GUARD is None:
         return
     refused = SLURM_GUARD[1].read_text().splitlines()
+    shutil.rmtree(SLURM_GUARD[0].parent, ignore_errors=True)  # the guard's temporary folder
     if refused:
         print(f"\nthe suite tried to use a SLURM cluster it was not given: {refused}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -5,6 +5,7 @@ baselines under ``setdlm.baselines``, never as a top-level ``baselines`` package
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -14,6 +15,19 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = REPO / "results" / "reference" / "models" / "setdlm-smax8-arith" / "seed-0"
+
+
+def _source_copy(into: Path) -> Path:
+    """The checkout's files (tracked, and new ones git does not ignore; links kept as links)
+    copied to ``into``: building there leaves no build/ in the checkout, and no stale module of
+    an earlier build (setuptools reuses build/lib) can slip into the wheel."""
+    listed = _run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], REPO)
+    for name in filter(None, listed.split("\0")):
+        source, target = REPO / name, into / name
+        if source.is_symlink() or source.is_file():  # a deleted, still-tracked file is skipped
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target, follow_symlinks=False)
+    return into
 
 
 def _run(args, cwd, timeout=300) -> str:
@@ -39,7 +53,7 @@ def test_the_wheel_works_from_an_unrelated_folder(tmp_path):
             "-w",
             str(wheels),
         ],
-        cwd=REPO,
+        cwd=_source_copy(tmp_path / "source"),
     )
     (wheel,) = wheels.glob("setdlm-*.whl")
     scratch = tmp_path / "venv"

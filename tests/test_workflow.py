@@ -1,9 +1,11 @@
 """The Snakemake workflow: configuration checks, the job plan, the paper matrix's dry run on the
-SLURM profile, and a reduced tiny run end to end (nothing left to do on a second run, a config
-change reruns only what it affects, a killed run resumes without losing or repeating samples).
+SLURM profile, and a reduced tiny run end to end (it writes every result; a config change reruns
+only what it affects; a dry run or a read-only command changes no file).
 
 The end-to-end tests share one finished run (about a minute on 2 cores) and each works on its own
-copy of it, ``.snakemake`` metadata included, so they can run alone or in any order.
+copy of it, ``.snakemake`` metadata included, so they can run alone or in any order. Faults in a
+finished run, killed and interrupted runs and a second run with nothing to do are the end-to-end
+tier's (tests/test_fault_injection.py, `make test-e2e`), on the main job's own DAG.
 """
 
 from __future__ import annotations
@@ -718,11 +720,6 @@ def test_the_tiny_workflow_writes_every_result(finished_run):
 
 
 @pytest.mark.slow
-def test_a_second_run_has_nothing_to_do(run_copy, data_dir):
-    assert nothing_to_do(snakemake(run_copy, data_dir, "all"))
-
-
-@pytest.mark.slow
 def test_a_changed_task_setting_reruns_only_the_jobs_it_affects(run_copy, data_dir):
     run = run_copy / "results" / "runs" / "mini"
     config = yaml.safe_load((run_copy / "config.yaml").read_text())
@@ -742,91 +739,6 @@ def test_a_changed_task_setting_reruns_only_the_jobs_it_affects(run_copy, data_d
         metrics = json.loads((folder / "metrics.json").read_text())
         assert metrics["examples"] == len(read_samples(folder)) == 6
     assert (run / "gsm8k/setdlm-smax8/tau-0.9/metrics.json").exists()
-    assert nothing_to_do(snakemake(run_copy, data_dir, "all"))
-
-
-def _wait_for_samples(folder: Path, old_stamp: str, process, timeout: float = 180) -> int:
-    """Wait until the new evaluation in ``folder`` has written samples but not finished."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "the workflow ended before it could be interrupted"
-        stamp, samples = folder / points.STAMP, folder / "samples.jsonl"
-        if stamp.exists() and stamp.read_text() != old_stamp and samples.exists():
-            lines = samples.read_text().count("\n")
-            if lines and not (folder / "metrics.json").exists():
-                return lines
-        time.sleep(0.02)
-    raise AssertionError(f"{folder} got no samples in {timeout} s")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("how", ["SIGINT to the process group", "SIGTERM to snakemake"])
-def test_a_killed_run_resumes_without_losing_or_repeating_samples(run_copy, data_dir, how):
-    run = run_copy / "results" / "runs" / "mini"
-    before = {record["id"]: record for record in read_samples(run / "gsm8k/ar/tau-1e+06")}
-    config = yaml.safe_load((run_copy / "config.yaml").read_text())
-    config["tasks"]["gsm8k"]["limit"] = 12  # the points start over, with more examples
-    (run_copy / "config.yaml").write_text(yaml.safe_dump(config))
-    folder = run / "gsm8k/ar/tau-1e+06"
-    old_stamp = (folder / points.STAMP).read_text()
-    process = snakemake(
-        run_copy,
-        data_dir,
-        "all",
-        cores=1,  # one job at a time: the AR point's job is the one running when killed
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # its own process group, as a terminal's foreground job
-    )
-    try:
-        written = _wait_for_samples(folder, old_stamp, process)
-        if how.startswith("SIGINT"):
-            os.killpg(process.pid, signal.SIGINT)  # Ctrl-C: the jobs die mid-example
-        else:
-            process.send_signal(signal.SIGTERM)  # snakemake alone: it lets running jobs finish
-        process.wait(timeout=180)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-    kept = read_samples(folder)[:written]
-    if how.startswith("SIGINT"):
-        assert written < 12  # the job really died mid-example
-    snakemake(run_copy, data_dir, "all", "--rerun-incomplete")
-    after = read_samples(folder)
-    assert after[: len(kept)] == kept  # the samples written before the kill were kept
-    ids = [record["id"] for record in after]
-    assert len(ids) == len(set(ids)) == 12  # none lost, none repeated
-    assert json.loads((folder / "metrics.json").read_text())["examples"] == 12
-    for record in after:  # the same outputs as the uninterrupted first run
-        if record["id"] in before:
-            assert record["output_ids"] == before[record["id"]]["output_ids"]
-    for key in MINI_POINTS[:3]:
-        records = read_samples(run / key)
-        assert len({r["id"] for r in records}) == len(records) == 12, key
-    assert nothing_to_do(snakemake(run_copy, data_dir, "all"))
-
-
-@pytest.mark.slow
-def test_lost_or_unreadable_results_are_recomputed(run_copy, data_dir):
-    """Finding 5 of the fault report: a deleted point folder, metrics.json or model marker and
-    a garbage metrics.json are recomputed (the garbage one named), never "Nothing to be done";
-    the results then equal the undisturbed run's."""
-    run = run_copy / "results" / "runs" / "mini"
-    before = {key: json.loads((run / key / "metrics.json").read_text()) for key in MINI_POINTS}
-    shutil.rmtree(run / MINI_POINTS[0])
-    (run / MINI_POINTS[1] / "metrics.json").unlink()
-    (run / MINI_POINTS[2] / "metrics.json").write_bytes(b"\x89PNG\xff\xfe garbage")
-    (run / "models" / "ar" / "checkpoint.json").unlink()
-    result = snakemake(run_copy, data_dir, "all")
-    output = result.stdout + result.stderr
-    assert f"runs/mini/{MINI_POINTS[2]}/metrics.json: unreadable result" in output
-    assert "result file(s) are missing" in output
-    counts = job_counts(output)
-    assert counts["train_model"] == 1 and counts["evaluate"] >= 3, counts
-    for key in MINI_POINTS:
-        metrics = json.loads((run / key / "metrics.json").read_text())
-        assert metrics["quality"] == before[key]["quality"], key
-        assert metrics["config_hash"] == before[key]["config_hash"], key
     assert nothing_to_do(snakemake(run_copy, data_dir, "all"))
 
 
@@ -886,55 +798,4 @@ def test_a_dry_run_or_a_read_only_command_changes_no_file(run_copy, data_dir):
         assert json.loads((run / key / "metrics.json").read_text())["examples"] >= 1, key
     assert (run / "likelihood-wikitext2/bd3lm-s4/default/metrics.json").is_file()
     assert (run / "gsm8k/setdlm-smax8/tau-0.9/metrics.json").is_file()
-    assert nothing_to_do(snakemake(run_copy, data_dir, "all"))
-
-
-def _tear_samples(folder: Path) -> None:
-    """A kill in the middle of writing a line, after the point's metrics were lost."""
-    samples = folder / "samples.jsonl"
-    lines = samples.read_text().splitlines(keepends=True)
-    samples.write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
-    (folder / "metrics.json").unlink()
-
-
-def _duplicate_samples(folder: Path) -> None:
-    """Two writers on one folder: every line twice, the copies interleaved."""
-    samples = folder / "samples.jsonl"
-    lines = samples.read_text().splitlines(keepends=True)
-    samples.write_text("".join(line + line for line in lines))
-    (folder / "metrics.json").unlink()
-
-
-def _kill_during_export(run: Path) -> None:
-    """A kill while the trained model is exported: a staging folder with weights is left, and
-    the marker (written last) is missing."""
-    staging = run / "models" / ".ar.tmp-424242"
-    shutil.copytree(run / "models" / "ar", staging)
-    (run / "models" / "ar" / "checkpoint.json").unlink()
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("fault", ["torn samples", "duplicated samples", "kill during export"])
-def test_after_a_fault_the_same_command_recovers_the_undisturbed_results(
-    finished_run, run_copy, data_dir, fault
-):
-    """The fault report's recoveries on the workflow itself: inject, rerun the same command,
-    and `setdlm compare` (samples, quality, counted speed, model files) finds the undisturbed
-    run's results; no id is written twice; the next run has nothing to do."""
-    from setdlm.report.compare import compare_runs
-
-    run = run_copy / "results" / "runs" / "mini"
-    if fault == "torn samples":
-        _tear_samples(run / MINI_POINTS[1])
-    elif fault == "duplicated samples":
-        _duplicate_samples(run / MINI_POINTS[3])
-    else:
-        _kill_during_export(run)
-    snakemake(run_copy, data_dir, "all")
-    compared, differences = compare_runs(finished_run / "results" / "runs" / "mini", run)
-    assert compared == len(MINI_POINTS) and differences == []
-    for key in MINI_POINTS:
-        ids = [record["id"] for record in read_samples(run / key)]
-        assert len(ids) == len(set(ids)), key
-    assert not list((run / "models").glob(".*.tmp-*"))
     assert nothing_to_do(snakemake(run_copy, data_dir, "all"))
