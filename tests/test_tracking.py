@@ -112,6 +112,14 @@ def _client(results: Path) -> MlflowClient:
     return MlflowClient(f"sqlite:///{results / 'mlflow.db'}")
 
 
+def _artifacts(results: Path, run) -> Path:
+    """The folder a local run's artifacts are in: its location, mlflow-artifacts:/<experiment>/
+    <run id>/artifacts, stands for <results>/mlartifacts/<experiment>/<run id>/artifacts."""
+    uri = run.info.artifact_uri
+    assert uri.startswith("mlflow-artifacts:/"), uri  # no path of this machine in the store
+    return results / "mlartifacts" / uri.removeprefix("mlflow-artifacts:/")
+
+
 def _runs(client: MlflowClient) -> dict[str, list]:
     """experiment name -> its result runs (Default and the sweeps' parent runs left out)."""
     experiments = [e for e in client.search_experiments() if e.name != "Default"]
@@ -174,10 +182,10 @@ def test_sync_mirrors_every_point_with_params_metrics_tags_and_artifacts(results
         assert tags["hardware.cpu"] == metrics["hardware"]["cpu"]
         assert tags["software.torch"] == metrics["software"]["torch"]
         assert tags["mlflow.runName"] == "/".join(folder.split("/")[1:])
-        artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+        artifacts = {a.name for a in _artifacts(results, run).iterdir()}
         assert {"samples.jsonl", "metrics.json"} <= artifacts
-        copy = client.download_artifacts(run.info.run_id, "metrics.json", str(tmp_path))
-        assert Path(copy).read_bytes() == (point / "metrics.json").read_bytes()
+        copy = _artifacts(results, run) / "metrics.json"
+        assert copy.read_bytes() == (point / "metrics.json").read_bytes()
         if "decode" not in config:  # likelihood: no decoding, no speed
             assert params["task.data"] == "wikitext2" and params["d"] == "4"
             assert not any(key.startswith("speed.") for key in logged)
@@ -260,17 +268,26 @@ def test_a_second_sync_creates_nothing_and_a_remeasured_value_is_appended(result
 def test_an_interrupted_sync_is_completed_by_the_next(results, monkeypatch, step):
     """The process dies right after one MLflow call (KeyboardInterrupt is not caught, like a
     kill): the run stays RUNNING, half written; the next sync completes that same run."""
-    original = getattr(MlflowClient, step)
+    from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
+
+    # Beside a local database the artifacts are written by MLflow's local repository.
+    owner = LocalArtifactRepository if step == "log_artifact" else MlflowClient
+    original = getattr(owner, step)
     touched = []
 
     def die_after(self, *args, **kwargs):
         value = original(self, *args, **kwargs)
-        touched.append(value.info.run_id if step == "create_run" else args[0])
+        if step == "create_run":
+            touched.append(value.info.run_id)
+        elif step == "log_artifact":  # <experiment>/<run id>/artifacts
+            touched.append(Path(self.artifact_dir).parent.name)
+        else:
+            touched.append(args[0])
         raise KeyboardInterrupt
 
     folder = str(results / "runs" / "tiny")
     with monkeypatch.context() as patch:
-        patch.setattr(MlflowClient, step, die_after)
+        patch.setattr(owner, step, die_after)
         with pytest.raises(KeyboardInterrupt):
             sync_main([folder])
     client = _client(results)
@@ -282,7 +299,9 @@ def test_an_interrupted_sync_is_completed_by_the_next(results, monkeypatch, step
     _assert_one_finished_run_per_point(client, results)
     completed = client.get_run(touched[0])  # the same run, now complete
     assert completed.info.status == "FINISHED" and SYNCED_TAG in completed.data.tags
-    assert {"samples.jsonl", "metrics.json"} <= {a.path for a in client.list_artifacts(touched[0])}
+    assert {"samples.jsonl", "metrics.json"} <= {
+        a.name for a in _artifacts(results, completed).iterdir()
+    }
 
 
 KILLED_AFTER_CREATE_RUN = """
@@ -495,6 +514,8 @@ def test_ui_command_opens_the_local_store(results, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "http://127.0.0.1:5123" in out
     assert f"mlflow ui --backend-store-uri sqlite:///{results / 'mlflow.db'}" in out
+    # artifacts resolved against this results folder, wherever it is now
+    assert f"--artifacts-destination {results / 'mlartifacts'} " in out
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5000")
     assert ui_main(["--results", str(results)]) == 0
     assert "http://tracking.example:5000" in capsys.readouterr().out
@@ -727,3 +748,305 @@ def test_a_damaged_default_store_is_rebuilt_from_the_results(results, capsys, da
     assert "rebuilding the store from the result files" in err, err
     assert len(list(results.glob("mlflow.db.broken-*"))) == 1  # kept, not deleted
     _assert_one_finished_run_per_point(_client(results), results)
+
+
+# The record's chart fields, the sweeps' summaries, the saved views and the artifact locations,
+# on small hand-written result folders (no model needed).
+
+
+def _point(root: Path, task, model, point, family, tau, quality, speed=None, seed=None, **extra):
+    """A finished point in the layout, <root>/runs/tiny/<task>/<model>/<point>[/seed-<k>]."""
+    folder = root / "runs" / "tiny" / task / model / point
+    if seed is not None:
+        folder = folder / f"seed-{seed}"
+    folder.mkdir(parents=True)
+    headline = "nll" if task.startswith("likelihood-") else "strict_match"
+    decode = None if tau is None else {"confidence_threshold": tau, **extra}
+    config = {"task": task, "model_config": {"family": family}, "model_source": model}
+    if decode is not None:
+        config["decode"] = decode
+    value, low, high = quality
+    metrics = {
+        "config_hash": config_hash([task, model, point, seed]),
+        "config": config,
+        "quality": {headline: {"value": value, "bootstrap_95": [low, high]}},
+    }
+    if speed is not None:
+        tps, parallelism, nfe = speed
+        metrics["speed"] = {
+            "tokens_per_second_mean": tps,
+            "parallelism_mean": parallelism,
+            "nfe_mean": nfe,
+        }
+    atomic_write_json(folder / "metrics.json", metrics)
+    (folder / "samples.jsonl").write_text('{"id": 0}\n')
+    return folder
+
+
+@pytest.fixture
+def small_results(tmp_path) -> Path:
+    """arithmetic-solve: SetDLM at τ = 0.1 and no threshold (one of them with a seed's own
+    run), BD3LM at τ = 0.5 and with the dual cache, AR; likelihood: SetDLM and AR."""
+    root = tmp_path / "results"
+    solve, likelihood = "arithmetic-solve", "likelihood-arithmetic"
+    setdlm, bd3lm, ar = "setdlm-smax8-arith", "bd3lm-s4-arith", "ar-arith"
+    points = [  # task, model, point, family, τ, quality (value, interval), speed (tok/s, ρ, NFE)
+        (solve, setdlm, "tau-0.1", "setdlm", 0.1, (0.9, 0.8, 0.95), (900.0, 3.0, 7.0)),
+        (solve, setdlm, "tau-1e+06", "setdlm", 1e6, (0.95, 0.9, 0.99), (300.0, 1.0, 21.0)),
+        (solve, bd3lm, "tau-0.5", "bd3lm", 0.5, (0.8, 0.7, 0.9), (800.0, 2.0, 10.0)),
+        (solve, ar, "tau-1e+06", "ar", 1e6, (0.99, 0.97, 1.0), (600.0, 1.0, 21.0)),
+        (likelihood, setdlm, "default", "setdlm", None, (0.36, 0.35, 0.37), None),
+        (likelihood, ar, "default", "ar", None, (0.34, 0.33, 0.35), None),
+    ]
+    for point in points:
+        _point(root, *point)
+    _point(root, *points[1][:6], (310.0, 1.0, 21.0), seed=2)
+    dual = (solve, bd3lm, "dual-cache-tau-0.5", "bd3lm", 0.5, (0.85, 0.7, 0.9), (850.0, 2.0, 10.0))
+    _point(root, *dual, policy="dual-cache")
+    return root
+
+
+def _records(root: Path) -> list:
+    from setdlm.results.reader import find_results
+
+    return [(point, run_record(point)) for point in find_results(root).finished]
+
+
+def test_chart_fields_levels_colours_and_the_direction_of_quality(small_results):
+    from setdlm.families import family as family_info
+
+    run = small_results / "runs" / "tiny"
+    records = {str(p.folder.relative_to(run)): r for p, r in _records(small_results)}
+    threshold = records["arithmetic-solve/setdlm-smax8-arith/tau-0.1"]
+    assert threshold.metrics["tau_log10"] == pytest.approx(-1.0)
+    assert threshold.metrics["no_threshold"] == 0.0
+    # τ = 1e6 (no threshold) drawn at τ = 1, beside the thresholds, and marked
+    none = records["arithmetic-solve/setdlm-smax8-arith/tau-1e+06"]
+    assert none.metrics["tau_log10"] == 0.0 and none.metrics["no_threshold"] == 1.0
+    assert none.params["tau"] == "1000000.0"  # the param keeps the value itself
+    seed = records["arithmetic-solve/setdlm-smax8-arith/tau-1e+06/seed-2"]
+    assert seed.metrics["training_seed"] == 2.0 and "training_seed" not in none.metrics
+    assert {none.tags["setdlm.level"], seed.tags["setdlm.level"]} == {"point", "seed"}
+    # AR decodes one token per step whatever τ is: no τ axis for it
+    ar = records["arithmetic-solve/ar-arith/tau-1e+06"]
+    assert "tau_log10" not in ar.metrics and "no_threshold" not in ar.metrics
+    for record, family in ((none, "setdlm"), (ar, "ar")):
+        colour = record.tags["mlflow.runColor"]
+        assert colour.startswith("#") and len(colour) == 7
+        assert colour == {"black": "#000000"}.get(c := family_info(family).colours[0], c)
+    assert none.metrics["quality"] == none.metrics["accuracy"] == 0.95
+    assert (none.metrics["quality_low"], none.metrics["quality_high"]) == (0.9, 0.99)
+    assert none.tags["setdlm.quality_direction"] == "higher is better"
+    assert none.tags["setdlm.quality"].endswith("(arithmetic-solve); higher is better")
+    nll = records["likelihood-arithmetic/ar-arith/default"]
+    assert nll.tags["setdlm.quality_direction"] == "lower is better"
+    assert "tau_log10" not in nll.metrics and "parallelism" not in nll.metrics
+
+
+def test_sweep_parents_carry_the_shared_params_and_a_summary(small_results):
+    from setdlm.report.aup import aup
+    from setdlm.tracking.record import sweep_records
+
+    sweeps = {s.sweep: s for s in sweep_records(_records(small_results))}
+    assert sorted(sweeps) == [
+        "tiny/arithmetic-solve/ar-arith",
+        "tiny/arithmetic-solve/bd3lm-s4-arith",
+        "tiny/arithmetic-solve/bd3lm-s4-arith dual-cache",
+        "tiny/arithmetic-solve/setdlm-smax8-arith",
+        "tiny/likelihood-arithmetic/ar-arith",
+        "tiny/likelihood-arithmetic/setdlm-smax8-arith",
+    ]
+    setdlm = sweeps["tiny/arithmetic-solve/setdlm-smax8-arith"]
+    assert setdlm.run_name == "setdlm-smax8-arith"
+    # what its points share; not what tells them apart
+    assert setdlm.params["family"] == "setdlm" and setdlm.params["model"] == "setdlm-smax8-arith"
+    assert setdlm.params["task"] == "arithmetic-solve" and setdlm.params["config_name"] == "tiny"
+    assert not {"tau", "point", "decode.confidence_threshold"} & set(setdlm.params)
+    assert setdlm.metrics["points"] == 2.0  # the seed's own run is not a point of the sweep
+    assert setdlm.metrics["best_quality"] == setdlm.metrics["best_accuracy"] == 0.95
+    # the AUP of the tables: the task's best point (AR, 0.99) is the reference
+    expected = aup([(3.0, 0.9), (1.0, 0.95)], 0.99).value
+    assert setdlm.metrics["aup"] == pytest.approx(expected)
+    assert setdlm.tags["setdlm.level"] == "sweep" and setdlm.tags["setdlm.sweep"] == setdlm.sweep
+    assert setdlm.tags["setdlm.points"] == "tau-0.1,tau-1e+06"
+    assert setdlm.tags["mlflow.runColor"].startswith("#")
+    assert sweeps["tiny/arithmetic-solve/ar-arith"].metrics["aup"] == pytest.approx(0.99)
+    # likelihood: lower is better, nothing decoded, no AUP
+    nll = sweeps["tiny/likelihood-arithmetic/setdlm-smax8-arith"]
+    assert nll.metrics == {"points": 1.0, "best_quality": 0.36}
+    assert nll.tags["setdlm.quality_direction"] == "lower is better"
+
+
+def test_saved_views_open_the_key_columns_and_the_speed_quality_charts(small_results):
+    from setdlm.tracking.record import experiment_facts
+    from setdlm.tracking.views import (
+        COMPRESSED_PREFIX,
+        MAX_ENVELOPE_CHARACTERS,
+        experiment_views,
+        read_view_tag,
+        view_tag,
+        view_url,
+    )
+
+    facts = {f.task: f for f in experiment_facts(_records(small_results))}
+    solve, likelihood = facts["arithmetic-solve"], facts["likelihood-arithmetic"]
+    assert (solve.quality, solve.headline) == ("accuracy", "strict_match")
+    assert solve.higher_is_better and solve.decoding and solve.thresholds and solve.sweeps
+    assert (likelihood.quality, likelihood.higher_is_better) == ("quality", False)
+    assert not likelihood.decoding
+    views = {v.key: v for v in experiment_views(solve)}
+    assert sorted(views) == ["setdlm-tiny-charts", "setdlm-tiny-points", "setdlm-tiny-sweeps"]
+    charts, points, sweeps = (views[f"setdlm-tiny-{k}"] for k in ("charts", "points", "sweeps"))
+    assert (charts.mode, points.mode, sweeps.mode) == ("CHART", "TABLE", "TABLE")
+    assert "higher is better" in charts.name
+    state = charts.state
+    # the points only (not the sweeps' parents, not the seeds), every one of them in the charts
+    assert state["searchFilter"] == (
+        "tags.`setdlm.level` = 'point' and params.config_name = 'tiny'"
+    )
+    assert state["runsHiddenMode"] == "SHOW_ALL" and state["useGroupedValuesInCharts"] is False
+    assert state["groupBy"]["groupByKeys"] == [{"mode": "param", "groupByData": "family"}]
+    assert (state["orderByKey"], state["orderByAsc"]) == ("metrics.`accuracy`", False)
+    scatters = [(c["xaxis"]["key"], c["yaxis"]["key"]) for c in state["compareRunCharts"]]
+    axes = ("parallelism", "tokens_per_second", "tau_log10")
+    assert scatters == [(x, "accuracy") for x in axes]
+    first = state["compareRunSections"][0]
+    assert all(c["metricSectionId"] == first["uuid"] for c in state["compareRunCharts"])
+    assert first["display"] and not any(s["display"] for s in state["compareRunSections"][1:])
+    columns = points.state["selectedColumns"]
+    assert columns[:3] == ["params.`model`", "params.`policy`", "params.`tau`"]
+    key_metrics = ("accuracy", "quality_low", "quality_high", "parallelism", "tokens_per_second")
+    assert columns[3:9] == [f"metrics.`{m}`" for m in (*key_metrics, "nfe")]
+    assert points.state["columnOrder"][1:] == columns
+    assert sweeps.state["searchFilter"].startswith("tags.`setdlm.level` = 'sweep'")
+    assert "metrics.`aup`" in sweeps.state["selectedColumns"]
+    assert sweeps.state["orderByKey"] == "metrics.`aup`" and sweeps.state["orderByAsc"] is False
+    # likelihood: lower is better, a bar chart, the best (lowest) first
+    nll = {v.key: v for v in experiment_views(likelihood)}["setdlm-tiny-charts"]
+    assert [c["type"] for c in nll.state["compareRunCharts"]] == ["BAR"]
+    assert nll.state["orderByAsc"] is True and "lower is better" in nll.name
+
+    # The tag: the front end's envelope around the state, read back as written.
+    key, value = view_tag(charts, 1000, 2000)
+    assert key == "mlflow.sharedViewState.setdlm-tiny-charts"
+    envelope = json.loads(value)
+    assert set(envelope) == {"name", "createdAt", "updatedAt", "state"}
+    assert isinstance(envelope["state"], str) and isinstance(envelope["createdAt"], int)
+    assert len(value) < MAX_ENVELOPE_CHARACTERS
+    assert read_view_tag(value) == (charts.name, charts.state, 1000, 2000)
+    # the front end's own compressed form ("deflate;" + base64 of zlib) reads the same
+    import base64
+    import zlib
+
+    packed = base64.b64encode(zlib.compress(envelope["state"].encode())).decode()
+    packed = COMPRESSED_PREFIX + packed
+    assert read_view_tag(json.dumps(envelope | {"state": packed}))[1] == charts.state
+    assert read_view_tag(json.dumps({"name": 1, "createdAt": 0, "state": "{}"})) is None
+    url = view_url("http://127.0.0.1:5000", "2", charts.key, charts.mode)
+    assert url == (
+        "http://127.0.0.1:5000/#/experiments/2/runs?viewStateShareKey=setdlm-tiny-charts"
+        "&compareRunsMode=CHART&workflowType=machine_learning"
+    )
+
+
+FRONT_END = Path(sys.modules["mlflow"].__file__).parent / "server" / "js" / "build" / "static"
+
+
+@pytest.mark.parametrize(
+    "needle",
+    [
+        'U="viewStateShareKey",$="mlflow.sharedViewState."',  # the link's key, the tag's prefix
+        'T="mlflow.runColor"',  # a run's colour
+        # the envelope the tag holds, and how its state is read
+        "JSON.stringify({name:e,createdAt:i,updatedAt:a,state:t})",
+        "expected an object with a string `name`, number `createdAt`, and string `state`",
+        "(0,a.ib)(e.state)?await(0,a.U1)(e.state):e.state;return JSON.parse(t)",
+        'f="deflate;"',  # the compressed form's prefix
+        # the search facets a view restores (a link that carries one ignores the view)
+        'a=["searchFilter","orderByKey","orderByAsc","startTime","lifecycleFilter",'
+        '"modelVersionFilter","datasetsFilter"]',
+        # the UI state a view restores
+        'a=["selectedColumns","columnOrder","columnWidths","runsExpanded","runsPinned",'
+        '"runsHidden","runsVisibilityMap","runsHiddenMode","compareRunCharts",'
+        '"compareRunSections","viewMaximized","runListHidden","isAccordionReordered","groupBy",'
+        '"groupsExpanded","autoRefreshEnabled","useGroupedValuesInCharts","hideEmptyCharts"',
+        'o="compareRunsMode"',
+        'e.get("workflowType");return n===l.GENAI||n===l.MACHINE_LEARNING?n:t',
+        'e.MACHINE_LEARNING="machine_learning"',
+        'this.type=c.SCATTER,this.xaxis={key:"",type:"METRIC"},this.yaxis={key:"",type:"METRIC"}',
+        'e.SHOWALL="SHOW_ALL"',
+    ],
+)
+def test_the_installed_mlflow_front_end_still_reads_the_saved_views_this_way(needle):
+    """views.py writes MLflow 3.17.2's (unpublished) saved-view format: a new MLflow whose
+    front end no longer contains these pieces must be read again before it is pinned."""
+    import mlflow
+
+    from setdlm.tracking.views import MLFLOW_FRONT_END
+
+    assert mlflow.__version__ == MLFLOW_FRONT_END
+    bundle = "".join(path.read_text(errors="replace") for path in FRONT_END.rglob("*.js"))
+    assert needle in bundle
+
+
+def test_artifacts_are_stored_relative_to_the_results_folder(small_results, empty_store, capsys):
+    """A copied results folder keeps its artifacts: the store names none of this machine's
+    paths, and the UI resolves them against the copy's own mlartifacts/."""
+    shutil.copy(empty_store, small_results / "mlflow.db")
+    assert sync_main([str(small_results / "runs" / "tiny")]) == 0
+    out = capsys.readouterr().out
+    assert "sweep summaries: 0 created, 6 updated, 0 unchanged" in out
+    first = out.split("saved views (open the first, with `setdlm ui` running):", 1)[1]
+    first = first.splitlines()[1:3]
+    title = "arithmetic-solve: tiny: accuracy (strict_match, higher is better) vs speed"
+    assert first[0].strip() == title
+    assert "viewStateShareKey=setdlm-tiny-charts&compareRunsMode=CHART" in first[1]
+    client = _client(small_results)
+    with contextlib.closing(__import__("sqlite3").connect(small_results / "mlflow.db")) as db:
+        stored = " ".join(
+            str(value)
+            for table in ("experiments", "runs")
+            for row in db.execute(f"SELECT * FROM {table}")
+            for value in row
+        )
+    assert str(small_results) not in stored.replace(str(small_results / "runs"), "")
+    solve = client.get_experiment_by_name("arithmetic-solve")
+    assert solve.artifact_location == "mlflow-artifacts:/arithmetic-solve"
+    runs = client.search_runs([solve.experiment_id], "tags.`setdlm.level` = 'point'")
+    assert len(runs) == 5
+    for run in runs:
+        folder = Path(run.data.tags["setdlm.result_dir"])
+        copy = _artifacts(small_results, run) / "metrics.json"
+        assert copy.read_bytes() == (folder / "metrics.json").read_bytes()
+    # the sweeps' parents, as synced
+    (parent,) = client.search_runs(
+        [solve.experiment_id], "tags.`setdlm.sweep` = 'tiny/arithmetic-solve/setdlm-smax8-arith'"
+    )
+    assert parent.data.metrics["points"] == 2.0 and parent.data.params["family"] == "setdlm"
+    assert "aup" in parent.data.metrics and parent.data.tags["setdlm.level"] == "sweep"
+    # the views and the quality's direction, on the experiment
+    tags = solve.tags
+    assert tags["setdlm.quality_direction"] == "higher is better"
+    views = sorted(k for k in tags if k.startswith("mlflow.sharedViewState."))
+    prefix = "mlflow.sharedViewState.setdlm-tiny-"
+    assert views == [prefix + kind for kind in ("charts", "points", "sweeps")]
+    # a second sync writes nothing (the views keep their creation time)
+    assert sync_main([str(small_results / "runs" / "tiny")]) == 0
+    out = capsys.readouterr().out
+    assert "0 created, 0 updated, 8 unchanged" in out and "0 updated, 6 unchanged" in out
+    assert client.get_experiment(solve.experiment_id).tags == tags
+    # `setdlm ui` prints the main experiment's charts first
+    assert ui_main(["--results", str(small_results), "--port", "5123", "--dry-run"]) == 0
+    assert "--artifacts-destination" in capsys.readouterr().out
+
+
+def test_a_copied_old_store_never_writes_into_the_folder_it_was_copied_from(tmp_path):
+    """A store from before relative locations names absolute paths: a copy of it must not
+    write artifacts back into the original results folder (the sync skips them and warns)."""
+    from setdlm.tracking.sync import elsewhere
+
+    here = tmp_path / "copy" / "results" / "mlartifacts"
+    assert not elsewhere("mlflow-artifacts:/arithmetic-solve/1/artifacts", here)
+    assert not elsewhere(f"{here.as_uri()}/arithmetic-solve/1/artifacts", here)
+    assert elsewhere("file:///elsewhere/results/mlartifacts/arithmetic-solve/1/artifacts", here)
+    assert elsewhere(f"{tmp_path}/results/mlartifacts/arithmetic-solve", here)

@@ -13,14 +13,16 @@ from dataclasses import asdict
 from pathlib import Path
 
 from setdlm.results.reader import RESULTS_DIR_ENV, ResultError, find_results, results_root
-from setdlm.tracking.record import run_record
+from setdlm.tracking.record import experiment_facts, run_record, sweep_records
 from setdlm.tracking.store import (
+    PROXIED_ARTIFACTS,
     StoreUnavailable,
     open_client,
     resolve_store,
     sqlite_path,
     writer_lock,
 )
+from setdlm.tracking.views import saved_views
 from setdlm.util.errors import ArgumentParser
 from setdlm.util.files import atomic_write_json
 from setdlm.util.validation import option, output_path
@@ -63,27 +65,74 @@ def sync_main(argv: list[str] | None = None) -> int:
         _write_marker(args.marker, store.uri, results_dir, [], scan.unfinished)
         return 0
     print(f"syncing {len(scan.finished)} finished result(s) under {results_dir} to {store.uri}")
-    records = [(point.folder, run_record(point)) for point in scan.finished]
-    synced, current = [], results_dir
+    pairs = [(point, run_record(point)) for point in scan.finished]
+    synced, views, current = [], [], results_dir
     try:
         with writer_lock(store):
             client = open_client(store)
-            from setdlm.tracking.sync import sync_run
+            from setdlm.tracking.sync import sync_run, sync_sweep, sync_views
 
-            for current, record in records:
-                run = sync_run(client, record, str(current), store.artifact_root)
+            for point, record in pairs:
+                current = point.folder
+                run = sync_run(
+                    client, record, str(current), store.artifact_root, store.artifacts_destination
+                )
                 print(f"  {run.action:9s} {run.experiment}: {run.run_name}  (run {run.run_id})")
                 synced.append(run)
+            current = results_dir
+            sweeps = [sync_sweep(client, sweep) for sweep in sweep_records(pairs)]
+            facts = experiment_facts(pairs)
+            ids = {experiment_id for experiment_id, _ in (sync_views(client, f) for f in facts)}
+            experiments = [client.get_experiment(experiment_id) for experiment_id in sorted(ids)]
+            views = saved_views(experiments)
+            _warn_absolute_locations(experiments, store)
     except Exception as error:  # any failure to reach or write MLflow; the files are untouched
         print(_failure_message(error, args, results_dir, current, store.uri), file=sys.stderr)
         return 1
     counts = {a: sum(r.action == a for r in synced) for a in ("created", "updated", "unchanged")}
     print(f"synced {len(synced)} run(s): " + ", ".join(f"{n} {a}" for a, n in counts.items()))
-    _write_marker(args.marker, store.uri, results_dir, synced, scan.unfinished)
+    sweep_counts = ", ".join(f"{sweeps.count(a)} {a}" for a in ("created", "updated", "unchanged"))
+    print(f"sweep summaries: {sweep_counts}")
+    base = store.uri if store.is_remote else f"http://127.0.0.1:{DEFAULT_PORT}"
+    if views:
+        where = "" if store.is_remote else ", with `setdlm ui` running"
+        print(f"saved views (open the first{where}):")
+        for view in views:
+            print(f"  {view.experiment}: {view.name}\n    {view.url(base)}")
+    listed = [{"experiment": v.experiment, "name": v.name, "url": v.url(base)} for v in views]
+    _write_marker(args.marker, store.uri, results_dir, synced, scan.unfinished, listed)
     return 0
 
 
-def _write_marker(marker: Path | None, uri: str, results_dir: Path, synced, unfinished) -> None:
+DEFAULT_PORT = 5000  # setdlm ui's
+
+
+def _warn_absolute_locations(experiments, store) -> None:
+    """A store created before artifact locations were relative keeps absolute ones; where one
+    lies outside this results folder (a copied store), nothing was written there."""
+    from setdlm.tracking.sync import elsewhere
+
+    if store.artifact_root != PROXIED_ARTIFACTS:
+        return
+    for experiment in experiments:
+        location = experiment.artifact_location
+        if location.startswith(PROXIED_ARTIFACTS):
+            continue
+        outside = elsewhere(location, store.artifacts_destination)
+        print(
+            f"warning: experiment {experiment.name} keeps its artifacts at {location}, a path "
+            "(its store predates relative artifact locations): a copy of the results folder "
+            "will not find them"
+            + (", and this sync wrote none there, outside this results folder" if outside else "")
+            + f". Move {store.uri.removeprefix('sqlite:///')} aside and sync again to rebuild "
+            "the store with relative locations.",
+            file=sys.stderr,
+        )
+
+
+def _write_marker(
+    marker: Path | None, uri: str, results_dir: Path, synced, unfinished, views=()
+) -> None:
     """For Snakemake: written (atomically) only after a successful sync."""
     if marker is None:
         return
@@ -95,6 +144,7 @@ def _write_marker(marker: Path | None, uri: str, results_dir: Path, synced, unfi
             "synced_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "runs": [asdict(run) for run in synced],
             "unfinished": [str(folder) for folder in unfinished],
+            "views": list(views),
         },
     )
 
@@ -118,7 +168,7 @@ def ui_main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(
         prog="setdlm ui", description="Open the MLflow UI on the local tracking store."
     )
-    parser.add_argument("--port", type=option("$defs/port"), default=5000)
+    parser.add_argument("--port", type=option("$defs/port"), default=DEFAULT_PORT)
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on")
     parser.add_argument("--tracking-uri", default=None, help="default: the results' SQLite store")
     parser.add_argument(
@@ -134,12 +184,17 @@ def ui_main(argv: list[str] | None = None) -> int:
     store = resolve_store(results_root(args.results), args.tracking_uri)
     if store.is_remote:
         print(f"MLflow UI: {store.uri} (the tracking server serves it; nothing to start)")
+        if not args.dry_run:
+            with contextlib.suppress(Exception):  # the views are a convenience here
+                _print_views(open_client(store), store.uri)
         return 0
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", store.uri]
-    if store.artifact_root is not None:
-        command += ["--default-artifact-root", store.artifact_root]
+    if store.artifacts_destination is not None:
+        # mlflow-artifacts:/<experiment> resolves here: the results folder's own mlartifacts/.
+        command += ["--artifacts-destination", str(store.artifacts_destination)]
     command += ["--host", args.host, "--port", str(args.port), "--workers", "1"]
-    print(f"MLflow UI on {store.uri}: http://{args.host}:{args.port}")
+    base = f"http://{args.host}:{args.port}"
+    print(f"MLflow UI on {store.uri}: {base}")
     print("  " + shlex.join(["mlflow", *command[3:]]))
     if args.dry_run:
         return 0
@@ -148,13 +203,28 @@ def ui_main(argv: list[str] | None = None) -> int:
         # while a sync does the same fails.
         try:
             with writer_lock(store):
-                open_client(store)
+                client = open_client(store)
         except StoreUnavailable as error:
             print(f"setdlm ui: {error}", file=sys.stderr)
             return 1
+        _print_views(client, base)
     # Background job execution is not used here and costs memory.
     env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}
     return serve_until_stopped(command, env)
+
+
+def _print_views(client, base: str) -> None:
+    """The link to open first (the main experiment's speed-quality charts), then the others."""
+    views = saved_views(client.search_experiments())
+    if not views:
+        print("no saved views yet: `setdlm sync RESULTS_DIR` writes them")
+        return
+    first, rest = views[0], views[1:]
+    print(f"Open {first.experiment}, {first.name}:\n  {first.url(base)}", flush=True)
+    if rest:
+        print("Other saved views (also in each experiment's Views menu):")
+        for view in rest:
+            print(f"  {view.experiment}: {view.name}\n    {view.url(base)}", flush=True)
 
 
 def serve_until_stopped(command: list[str], env: dict) -> int:

@@ -14,6 +14,14 @@ A few key metrics are repeated under short names that are the same in every expe
 ``tokens_per_second``, ``parallelism``, ``nfe``), so the runs table and a speed-quality scatter
 need no search through hundreds of names. The points of one (task, model, decoding policy) sweep
 share a parent run, and the run carries the evaluation's own start and end times.
+
+For charts: ``tau_log10`` is log10 τ (the no-threshold point, τ = 1e6, is drawn at 0, i.e.
+τ = 1, and marked ``no_threshold = 1``: one token per step), ``training_seed`` the seed of a
+seed's run. Every run is tagged with its level (``setdlm.level``: sweep, point or seed, what the
+saved views filter on) and its family's figure colour (``mlflow.runColor``). A sweep's parent
+run carries the params its points share and a summary (``sweep_records``): the number of points,
+the best quality and, where quality is an accuracy-like "higher is better" measure of decoded
+points, the AUP of setdlm/report/aup.py.
 """
 
 from __future__ import annotations
@@ -28,21 +36,28 @@ from pathlib import Path
 
 from setdlm.eval.records import config_hash
 from setdlm.families import family as family_info
+from setdlm.report.aup import aup
 from setdlm.results.layout import HEADLINE_QUALITY, LIKELIHOOD_HEADLINE, LIKELIHOOD_PREFIX
 from setdlm.results.reader import ResultPoint, quality_interval
+from setdlm.tracking.views import LEVEL_TAG, RUN_COLOR_TAG, ExperimentFacts
 
 # MLflow's limits (mlflow.utils.validation): longer keys or values are refused.
 MAX_KEY_LENGTH = 250
 MAX_PARAM_LENGTH = 6000
 MAX_TAG_LENGTH = 8000
 # Bump when the mapping below changes, so finished runs are refreshed by the next sync.
-MAPPING_VERSION = "4"
+MAPPING_VERSION = "5"
 
 IDENTITY_TAG = "setdlm.config_hash"  # the run's identity: one run per config hash
 SYNCED_TAG = "setdlm.synced"  # written last: the fingerprint of what the run mirrors
 STALE_TAG = "setdlm.stale_params"  # params whose value changed after they were logged
 SWEEP_TAG = "setdlm.sweep"  # on a sweep's parent run: <config>/<task>/<model>[ <policy>]
 SUPERSEDED_TAG = "setdlm.superseded_by"  # on a run whose folder now holds another config
+QUALITY_TAG = "setdlm.quality"  # which quality `quality` is, and its direction
+DIRECTION_TAG = "setdlm.quality_direction"  # "higher is better" or "lower is better"
+NO_THRESHOLD = 1e6  # τ = 1e6: no threshold (one token per step), schema.yaml
+# Params that tell a sweep's points apart (the rest, where they agree, are the sweep's).
+POINT_PARAMS = ("point", "tau", "decode.confidence_threshold")
 # Short, stable names of the key metrics: (name, speed field) for speed.
 KEY_SPEED = (
     ("tokens_per_second", "tokens_per_second_mean"),
@@ -91,7 +106,7 @@ def run_record(point: ResultPoint) -> RunRecord:
     if isinstance(metrics.get("examples"), int | float):
         numbers["examples"] = float(metrics["examples"])
     key_metrics, headline = _key_metrics(point)
-    numbers |= key_metrics
+    numbers |= key_metrics | _chart_metrics(point)
     if point.throughput is not None:
         paper = {k: v for k, v in point.throughput.items() if k not in ("decode", "hardware")}
         paper_metrics, paper_tags = _split(_section("paper_throughput", paper))
@@ -106,8 +121,11 @@ def run_record(point: ResultPoint) -> RunRecord:
             parent_hash = json.loads(aggregate.read_text()).get("config_hash")
     # Names are not identities: this tag follows the folder if it is renamed.
     tags |= _tags(point) | {"mlflow.runName": run_name}
+    tags[LEVEL_TAG] = "seed" if point.seed is not None else "point"
+    if point.family is not None:
+        tags[RUN_COLOR_TAG] = family_colour(point)
     if headline:
-        tags["setdlm.quality"] = f"quality = quality.{headline} ({point.task})"
+        tags |= quality_tags(point.task, headline)
     times = metrics.get("times") or {}
     return RunRecord(
         experiment=point.task,
@@ -129,12 +147,15 @@ def run_record(point: ResultPoint) -> RunRecord:
 ACCURACY_TASKS = ("gsm8k", "arithmetic-solve")
 
 
+def headline_of(task: str) -> str | None:
+    """The quality a task is judged by (the ``quality`` metric), None where it has none."""
+    return LIKELIHOOD_HEADLINE if task.startswith(LIKELIHOOD_PREFIX) else HEADLINE_QUALITY.get(task)
+
+
 def _key_metrics(point: ResultPoint) -> tuple[dict[str, float], str | None]:
     """The key metrics under their short names, and which quality ``quality`` is."""
     quality, speed = point.metrics.get("quality") or {}, point.metrics.get("speed") or {}
-    headline = HEADLINE_QUALITY.get(point.task)
-    if point.task.startswith(LIKELIHOOD_PREFIX):
-        headline = LIKELIHOOD_HEADLINE
+    headline = headline_of(point.task)
     numbers = {}
     entry = quality.get(headline) if headline else None
     if isinstance(entry, dict) and isinstance(entry.get("value"), int | float):
@@ -148,6 +169,40 @@ def _key_metrics(point: ResultPoint) -> tuple[dict[str, float], str | None]:
         if isinstance(speed.get(field), int | float):
             numbers[name] = float(speed[field])
     return numbers, headline if "quality" in numbers else None
+
+
+def higher_is_better(task: str) -> bool:
+    """Whether a larger ``quality`` is better: every headline but likelihood's NLL."""
+    return not task.startswith(LIKELIHOOD_PREFIX)
+
+
+def quality_tags(task: str, headline: str) -> dict[str, str]:
+    direction = "higher is better" if higher_is_better(task) else "lower is better"
+    return {
+        QUALITY_TAG: f"quality = quality.{headline} ({task}); {direction}",
+        DIRECTION_TAG: direction,
+    }
+
+
+def _chart_metrics(point: ResultPoint) -> dict[str, float]:
+    """τ on a log scale (the no-threshold point at τ = 1, marked), and a seed's own seed."""
+    numbers = {}
+    if point.tau is not None and point.tau > 0:
+        none = point.tau >= NO_THRESHOLD
+        numbers["tau_log10"] = 0.0 if none else math.log10(point.tau)
+        numbers["no_threshold"] = float(none)
+    if point.seed is not None:
+        numbers["training_seed"] = float(point.seed)
+    return numbers
+
+
+def family_colour(point: ResultPoint) -> str:
+    """The family's colour in the figures (setdlm/families.py), as #rrggbb."""
+    colour = family_info(point.family).colour(point.size)
+    return _NAMED_COLOURS.get(colour, colour)
+
+
+_NAMED_COLOURS = {"black": "#000000"}  # the front end takes hex colours
 
 
 def _milliseconds(stamp: str | None) -> int | None:
@@ -295,6 +350,102 @@ def _tags(point: ResultPoint) -> dict:
         tags["setdlm.samples_config_hash"] = metrics["samples_config_hash"]
     tags |= _section("hardware", metrics.get("hardware") or {})
     return tags | _section("software", metrics.get("software") or {})
+
+
+@dataclass(frozen=True)
+class SweepRecord:
+    """A sweep's parent run: the params its points share, its summary and its tags."""
+
+    experiment: str
+    sweep: str  # SWEEP_TAG: <config>/<task>/<model>[ <policy>]
+    run_name: str
+    params: dict[str, str]
+    metrics: dict[str, float]
+    tags: dict[str, str]
+
+
+def sweep_records(points: list[tuple[ResultPoint, RunRecord]]) -> list[SweepRecord]:
+    """One per sweep of the synced points: the params every point of it shares (but what
+    tells its points apart: point, τ), how many points it has, the best quality and, for a
+    "higher is better" quality of decoded points in a task with a τ sweep, the AUP of
+    setdlm/report/aup.py (its reference: the task's best point, as in the tables)."""
+    members: dict[str, list[tuple[ResultPoint, RunRecord]]] = {}
+    for point, record in points:
+        if point.seed is None and record.parent_hash is None:
+            members.setdefault(record.sweep, []).append((point, record))
+    reference: dict[tuple[str, str], float] = {}  # (config, task) -> best quality
+    swept: set[tuple[str, str]] = set()  # (config, task) with a τ sweep
+    for point, record in (pair for pairs in members.values() for pair in pairs):
+        task = (point.config_name, point.task)
+        value = record.metrics.get("quality")
+        if value is not None and math.isfinite(value):
+            reference[task] = max(reference.get(task, value), value)
+        if point.tau is not None:
+            swept.add(task)
+    sweeps = []
+    for sweep, pairs in sorted(members.items()):
+        first_point, first = pairs[0]
+        task = (first_point.config_name, first_point.task)
+        higher = higher_is_better(first.experiment)
+        params = {
+            key: value
+            for key, value in first.params.items()
+            if key not in POINT_PARAMS and all(r.params.get(key) == value for _, r in pairs)
+        }
+        scored = [(p, r.metrics["quality"]) for p, r in pairs if _finite(r.metrics.get("quality"))]
+        metrics = {"points": float(len(pairs))}
+        if scored:
+            best = (max if higher else min)(value for _, value in scored)
+            metrics["best_quality"] = best
+            if first.experiment in ACCURACY_TASKS:
+                metrics["best_accuracy"] = best
+        curve = [
+            (r.metrics["parallelism"], r.metrics["quality"])
+            for _, r in pairs
+            if _finite(r.metrics.get("parallelism")) and _finite(r.metrics.get("quality"))
+        ]
+        if higher and curve and task in swept and task in reference:
+            metrics["aup"] = aup(curve, reference[task]).value
+        tags = {SWEEP_TAG: sweep, LEVEL_TAG: "sweep"}
+        tags["setdlm.points"] = ",".join(point.point for point, _ in pairs)
+        tags |= {k: v for k, v in first.tags.items() if k in _SHARED_TAGS}
+        sweeps.append(
+            SweepRecord(first.experiment, sweep, sweep.rsplit("/", 1)[-1], params, metrics, tags)
+        )
+    return sweeps
+
+
+_SHARED_TAGS = (RUN_COLOR_TAG, QUALITY_TAG, DIRECTION_TAG)  # a sweep's, from its points
+
+
+def experiment_facts(points: list[tuple[ResultPoint, RunRecord]]) -> list[ExperimentFacts]:
+    """What the saved views of each (experiment, configuration) show (views.py)."""
+    groups: dict[tuple[str, str], list[tuple[ResultPoint, RunRecord]]] = {}
+    for point, record in points:
+        if point.seed is None and point.config_name:
+            groups.setdefault((record.experiment, point.config_name), []).append((point, record))
+    facts = []
+    for (experiment, config), pairs in sorted(groups.items()):
+        sweeps: dict[str, int] = {}
+        for _, record in pairs:
+            sweeps[record.sweep] = sweeps.get(record.sweep, 0) + 1
+        facts.append(
+            ExperimentFacts(
+                task=experiment,
+                config_name=config,
+                quality="accuracy" if experiment in ACCURACY_TASKS else "quality",
+                headline=headline_of(experiment),
+                higher_is_better=higher_is_better(experiment),
+                decoding=any("parallelism" in r.metrics for _, r in pairs),
+                thresholds=any("tau_log10" in r.metrics for _, r in pairs),
+                sweeps=any(count > 1 for count in sweeps.values()),
+            )
+        )
+    return facts
+
+
+def _finite(value) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
 
 
 def _fingerprint(point: ResultPoint) -> str:

@@ -41,16 +41,27 @@ class StoreUnavailable(UserError, RuntimeError):
     """The tracking store cannot be reached or written."""
 
 
+# A new experiment's artifact location beside a local database: mlflow-artifacts:/<experiment>,
+# which MLflow resolves against the serving UI's --artifacts-destination (setdlm ui: the
+# database's folder's mlartifacts/). No path of this machine is stored, so a copied or archived
+# results folder opens elsewhere with its artifacts.
+PROXIED_ARTIFACTS = "mlflow-artifacts:"
+
+
 @dataclass(frozen=True)
 class Store:
     uri: str
     lock_path: Path
-    # Where new experiments keep their artifacts: beside a local database; None for a server,
-    # which decides (its --artifacts-destination).
+    # Where new experiments keep their artifacts (the location is <artifact_root>/<name>):
+    # PROXIED_ARTIFACTS beside a local database; None for a server, which decides (its
+    # --artifacts-destination).
     artifact_root: str | None
     # The default SQLite store of a results root: this project's own mirror of the result
     # files, which it may rebuild from them when it finds it broken.
     owned: bool = False
+    # The folder that mlflow-artifacts:/ stands for beside a local database (mlartifacts/ next
+    # to it): the sync writes the artifacts there, `setdlm ui` serves them from there.
+    artifacts_destination: Path | None = None
 
     @property
     def is_remote(self) -> bool:
@@ -75,7 +86,8 @@ def resolve_store(results_root: Path, tracking_uri: str | None = None) -> Store:
         lock = database.with_name(database.name + ".lock")
         # however the URI spells it (the workflow passes a relative one): the same file
         owned = database == (results_root / DEFAULT_STORE).resolve()
-        return Store(uri, lock, _artifact_root(database), owned)
+        destination = database.parent / ARTIFACTS_FOLDER
+        return Store(uri, lock, PROXIED_ARTIFACTS, owned, destination)
     # A server (or another backend: postgresql://..., databricks): it keeps the artifacts, and
     # the lock in the results root keeps this machine to one writer.
     return Store(uri.rstrip("/"), results_root / SERVER_LOCK, None)
@@ -90,10 +102,6 @@ def sqlite_path(uri: str) -> Path | None:
     if not uri.startswith("sqlite:///"):
         return None
     return Path(uri.removeprefix("sqlite:///").split("?", 1)[0]).resolve()
-
-
-def _artifact_root(database: Path) -> str:
-    return (database.parent / ARTIFACTS_FOLDER).as_uri()
 
 
 @contextlib.contextmanager

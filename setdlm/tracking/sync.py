@@ -15,14 +15,22 @@ can be replayed at any time. MLflow's own rules shape how:
   parent run (``mlflow.parentRunId``), so the UI folds a τ sweep into one row;
 - when a folder's configuration changes, its new run supersedes the old one: the old run is
   tagged ``setdlm.superseded_by`` and soft-deleted (out of the default view, restorable, and
-  restored if that configuration comes back).
+  restored if that configuration comes back);
+- after the points, each sweep's parent run is brought up to date with its summary
+  (``sync_sweep``: missing params, changed metrics and tags only), and each experiment with its
+  saved views (``sync_views``: experiment tags, rewritten only when a view changed);
+- beside a local database an experiment's artifacts live at ``mlflow-artifacts:/<experiment>``
+  (store.py), which only a server resolves: the sync writes them into the folder that location
+  stands for, with MLflow's own local artifact repository.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+import urllib.parse
 from dataclasses import dataclass
+from pathlib import Path
 
 from mlflow.entities import Metric, Param, RunTag, ViewType
 from mlflow.entities.run_status import RunStatus
@@ -30,14 +38,28 @@ from mlflow.exceptions import MlflowException
 from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH
 
 from setdlm.tracking.record import (
+    DIRECTION_TAG,
     IDENTITY_TAG,
     MAX_TAG_LENGTH,
+    QUALITY_TAG,
     STALE_TAG,
     SUPERSEDED_TAG,
     SWEEP_TAG,
     SYNCED_TAG,
     RunRecord,
+    SweepRecord,
+    quality_tags,
     same_metric,
+)
+from setdlm.tracking.store import PROXIED_ARTIFACTS
+from setdlm.tracking.views import (
+    MAX_VIEWS,
+    VIEW_TAG_PREFIX,
+    ExperimentFacts,
+    View,
+    experiment_views,
+    read_view_tag,
+    view_tag,
 )
 
 PARENT_TAG = "mlflow.parentRunId"  # how the MLflow UI nests child runs
@@ -54,7 +76,13 @@ class SyncedRun:
     action: str  # "created", "updated" or "unchanged"
 
 
-def sync_run(client, record: RunRecord, folder: str, artifact_root: str | None) -> SyncedRun:
+def sync_run(
+    client,
+    record: RunRecord,
+    folder: str,
+    artifact_root: str | None,
+    artifacts_destination: Path | None = None,
+) -> SyncedRun:
     experiment_id = ensure_experiment(client, record.experiment, artifact_root)
     run = find_run(client, experiment_id, record.config_hash)
     if run is None:
@@ -75,7 +103,7 @@ def sync_run(client, record: RunRecord, folder: str, artifact_root: str | None) 
     else:
         action = "updated"
     if action != "unchanged":
-        _complete(client, run, record, experiment_id)
+        _complete(client, run, record, experiment_id, artifacts_destination)
     return SyncedRun(
         folder,
         record.experiment,
@@ -136,16 +164,16 @@ def _is_synced(run, record: RunRecord) -> bool:
     )
 
 
-def _complete(client, run, record: RunRecord, experiment_id: str) -> None:
+def _complete(
+    client, run, record: RunRecord, experiment_id: str, artifacts_destination: Path | None
+) -> None:
     """Bring one run up to date with its record; every step is safe to repeat."""
     run_id = run.info.run_id
     _log_params(client, run, record)
     _log_metrics(client, run, record)
     tags = {k: v for k, v in record.tags.items() if run.data.tags.get(k) != v}
     _log_batches(client, run_id, tags=[RunTag(k, v) for k, v in tags.items()])
-    for path in record.artifacts:
-        # Same path, same name: a replay overwrites the copy, it does not add one.
-        client.log_artifact(run_id, str(path))
+    _log_artifacts(client, run, record.artifacts, artifacts_destination)
     if run.info.status != RunStatus.to_string(RunStatus.FINISHED):
         client.set_terminated(run_id, "FINISHED", end_time=record.end_ms)
     parent = run_parent(client, experiment_id, record)
@@ -153,6 +181,36 @@ def _complete(client, run, record: RunRecord, experiment_id: str) -> None:
         client.set_tag(run_id, PARENT_TAG, parent)
     supersede_others(client, experiment_id, record, run_id)
     client.set_tag(run_id, SYNCED_TAG, record.fingerprint)  # last: the run is now complete
+
+
+def _log_artifacts(client, run, paths: list[Path], destination: Path | None) -> None:
+    """Same path, same name: a replay overwrites the copy, it does not add one. A run under
+    mlflow-artifacts:/ beside a local database gets them in the folder that URI stands for
+    (MLflow's client resolves that scheme through a server only)."""
+    uri = run.info.artifact_uri or ""
+    if destination is not None and elsewhere(uri, destination):
+        return  # a path of another results folder (an old store, copied): never written to
+    if destination is not None and uri.startswith(PROXIED_ARTIFACTS):
+        from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
+
+        relative = urllib.parse.urlparse(uri).path.lstrip("/")
+        if ".." in Path(relative).parts:
+            raise ValueError(f"run {run.info.run_id}: artifact location {uri} leaves {destination}")
+        repository = LocalArtifactRepository(str(destination / relative))
+        for path in paths:
+            repository.log_artifact(str(path))
+        return
+    for path in paths:
+        client.log_artifact(run.info.run_id, str(path))
+
+
+def elsewhere(location: str, destination: Path) -> bool:
+    """Whether a local store's artifact location is a path outside its results folder's
+    mlartifacts/: a store made before locations were relative, then copied or moved."""
+    if not location.startswith("file:") and not location.startswith("/"):
+        return False
+    path = Path(urllib.parse.urlparse(location).path).resolve()
+    return not path.is_relative_to(destination.resolve())
 
 
 def run_parent(client, experiment_id: str, record: RunRecord) -> str | None:
@@ -175,6 +233,76 @@ def sweep_parent(client, experiment_id: str, sweep: str) -> str:
     parent = client.create_run(experiment_id, run_name=model, tags={SWEEP_TAG: sweep})
     client.set_terminated(parent.info.run_id, "FINISHED")
     return parent.info.run_id
+
+
+def sync_sweep(client, record: SweepRecord) -> str:
+    """Bring a sweep's parent run up to date with its summary: "created", "updated" or
+    "unchanged". Its params are write-once like a point's: one that changed is reported."""
+    experiment_id = client.get_experiment_by_name(record.experiment).experiment_id
+    runs = runs_tagged(client, experiment_id, SWEEP_TAG, record.sweep)
+    action = "updated" if runs else "created"
+    run = client.get_run(
+        runs[0].info.run_id if runs else sweep_parent(client, experiment_id, record.sweep)
+    )
+    run_id, logged = run.info.run_id, run.data
+    params = [Param(k, v) for k, v in record.params.items() if k not in logged.params]
+    stale = sorted(k for k, v in record.params.items() if logged.params.get(k, v) != v)
+    metrics = [
+        _next_metric(client, run_id, key, value, logged.metrics)
+        for key, value in record.metrics.items()
+        if key not in logged.metrics or not same_metric(logged.metrics[key], value)
+    ]
+    tags = [RunTag(k, v) for k, v in record.tags.items() if logged.tags.get(k) != v]
+    if stale and logged.tags.get(STALE_TAG) != ",".join(stale)[:MAX_TAG_LENGTH]:
+        _warn(
+            f"sweep run {run_id} ({record.run_name}): params {', '.join(stale)} of its points "
+            "changed since they were logged; MLflow params are write-once, the points' runs "
+            f"hold the new values (listed in the run's tag {STALE_TAG})"
+        )
+        tags.append(RunTag(STALE_TAG, ",".join(stale)[:MAX_TAG_LENGTH]))
+    _log_batches(client, run_id, metrics=metrics, params=params, tags=tags)
+    if action == "updated" and not (params or metrics or tags):
+        action = "unchanged"
+    return action
+
+
+def _next_metric(client, run_id: str, key: str, value: float, latest: dict) -> Metric:
+    """The metric to log: step 0 when new, else one past the history's last step."""
+    timestamp = int(time.time() * 1000)
+    if key not in latest:
+        return Metric(key, value, timestamp, 0)
+    step = max(m.step for m in client.get_metric_history(run_id, key)) + 1
+    return Metric(key, value, timestamp, step)
+
+
+def sync_views(client, facts: ExperimentFacts) -> tuple[str, list[View]]:
+    """Save an experiment's views (views.py) as its tags, with its quality's name and
+    direction; a view is rewritten only when its name or state changed (its creation time is
+    kept). Returns the experiment's id and its views."""
+    experiment = client.get_experiment_by_name(facts.task)
+    tags = experiment.tags
+    views = experiment_views(facts)
+    now = int(time.time() * 1000)
+    ours = {VIEW_TAG_PREFIX + view.key for view in views}
+    others = [k for k in tags if k.startswith(VIEW_TAG_PREFIX) and k not in ours]
+    if len(others) + len(views) > MAX_VIEWS:
+        _warn(
+            f"experiment {facts.task}: {len(others)} other saved views; MLflow's UI lists at "
+            f"most {MAX_VIEWS}"
+        )
+    for view in views:
+        key = VIEW_TAG_PREFIX + view.key
+        saved = read_view_tag(tags[key]) if key in tags else None
+        if saved is not None and saved[:2] == (view.name, view.state):
+            continue
+        created = saved[2] if saved is not None else now
+        client.set_experiment_tag(experiment.experiment_id, *view_tag(view, created, now))
+    if facts.headline:
+        wanted = quality_tags(facts.task, facts.headline)
+        for key in (QUALITY_TAG, DIRECTION_TAG):
+            if tags.get(key) != wanted[key]:
+                client.set_experiment_tag(experiment.experiment_id, key, wanted[key])
+    return experiment.experiment_id, views
 
 
 def supersede_others(client, experiment_id: str, record: RunRecord, run_id: str) -> None:
@@ -205,14 +333,11 @@ def _log_params(client, run, record: RunRecord) -> None:
 def _log_metrics(client, run, record: RunRecord) -> None:
     run_id = run.info.run_id
     latest = run.data.metrics
-    timestamp = int(time.time() * 1000)
-    metrics = []
-    for key, value in record.metrics.items():
-        if key not in latest:
-            metrics.append(Metric(key, value, timestamp, 0))
-        elif not same_metric(latest[key], value):
-            step = max(m.step for m in client.get_metric_history(run_id, key)) + 1
-            metrics.append(Metric(key, value, timestamp, step))
+    metrics = [
+        _next_metric(client, run_id, key, value, latest)
+        for key, value in record.metrics.items()
+        if key not in latest or not same_metric(latest[key], value)
+    ]
     _log_batches(client, run_id, metrics=metrics)
 
 

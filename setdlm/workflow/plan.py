@@ -420,7 +420,7 @@ def where_results_are(plan: Plan, environ) -> str:
     database = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else None
     browse = (
         f"setdlm ui --results {shlex.quote(str(Path(database).parent))}  "
-        "(then open http://127.0.0.1:5000)"
+        "(it prints the link to the speed-quality charts)"
         if database
         else f"open {uri} in a browser"
     )
