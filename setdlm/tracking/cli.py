@@ -97,8 +97,7 @@ def sync_main(argv: list[str] | None = None) -> int:
     if views:
         where = "" if store.is_remote else ", with `setdlm ui` running"
         print(f"saved views (open the first{where}):")
-        for view in views:
-            print(f"  {view.experiment}: {view.name}\n    {view.url(base)}")
+        _print_links(views, base)
     listed = [{"experiment": v.experiment, "name": v.name, "url": v.url(base)} for v in views]
     _write_marker(args.marker, store.uri, results_dir, synced, scan.unfinished, listed)
     return 0
@@ -223,8 +222,13 @@ def _print_views(client, base: str) -> None:
     print(f"Open {first.experiment}, {first.name}:\n  {first.url(base)}", flush=True)
     if rest:
         print("Other saved views (also in each experiment's Views menu):")
-        for view in rest:
-            print(f"  {view.experiment}: {view.name}\n    {view.url(base)}", flush=True)
+        _print_links(rest, base)
+
+
+def _print_links(views, base: str) -> None:
+    """One saved view per entry: its experiment and name, then its link on ``base``."""
+    for view in views:
+        print(f"  {view.experiment}: {view.name}\n    {view.url(base)}", flush=True)
 
 
 def serve_until_stopped(command: list[str], env: dict) -> int:

@@ -378,7 +378,7 @@ def sweep_records(points: list[tuple[ResultPoint, RunRecord]]) -> list[SweepReco
     for point, record in (pair for pairs in members.values() for pair in pairs):
         task = (point.config_name, point.task)
         value = record.metrics.get("quality")
-        if value is not None and math.isfinite(value):
+        if _finite(value):
             reference[task] = max(reference.get(task, value), value)
         if point.tau is not None:
             swept.add(task)

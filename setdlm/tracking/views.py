@@ -99,34 +99,28 @@ def experiment_views(facts: ExperimentFacts) -> list[View]:
     points = _filter("point", config)
     charts, sections = _charts(facts)
     chart_name = f"{config}: {title} vs speed" if facts.decoding else f"{config}: {title}"
+    # one state for both: the same runs, order, columns and charts; the link's mode differs
+    point_state = _state(
+        points,
+        column("metrics", quality),
+        ascending=not facts.higher_is_better,
+        columns=_point_columns(facts),
+        group_by_family=True,
+        charts=charts,
+        sections=sections,
+    )
     views = [
         View(
             share_key(config, "charts"),
             chart_name,
             CHART,
-            _state(
-                points,
-                column("metrics", quality),
-                ascending=not facts.higher_is_better,
-                columns=_point_columns(facts),
-                group_by_family=True,
-                charts=charts,
-                sections=sections,
-            ),
+            point_state,
         ),
         View(
             share_key(config, "points"),
             f"{config}: key metrics by family",
             TABLE,
-            _state(
-                points,
-                column("metrics", quality),
-                ascending=not facts.higher_is_better,
-                columns=_point_columns(facts),
-                group_by_family=True,
-                charts=charts,
-                sections=sections,
-            ),
+            point_state,
         ),
     ]
     if facts.sweeps:
