@@ -104,12 +104,12 @@ def _eval_parser():
 def test_every_task_setting_is_an_option_with_the_schemas_rule_and_default(command, capsys):
     """Each setting of a task's schema node is an option of `setdlm eval` with its default; a
     value the workflow's schema refuses, the command line refuses too."""
-    from setdlm.eval.commands import SCHEMA_TASK
+    from setdlm.tasks import COMMAND_NODES
 
     parser = _eval_parser()
     required = ["eval", command, "--model", "m", "--out", "o"]
     args = parser.parse_args(required)
-    settings = validation.task_settings(SCHEMA_TASK[command])
+    settings = validation.task_settings(COMMAND_NODES[command])
     assert settings
     for setting in settings:
         default = setting.rule.get("default")

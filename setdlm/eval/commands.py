@@ -17,7 +17,8 @@ from pathlib import Path
 from setdlm.core.decoding import DecodeConfig
 from setdlm.eval.runner import resolve_batching
 from setdlm.families import policy_names, with_knobs
-from setdlm.results.layout import LIKELIHOOD_TASKS, point_name
+from setdlm.results.layout import point_name
+from setdlm.tasks import COMMAND_NODES, likelihood_data, variants
 from setdlm.util.validation import (
     BLOCK_SIZE,
     THRESHOLD,
@@ -32,20 +33,6 @@ from setdlm.util.validation import (
     torch_device,
     warmup_errors,
 )
-
-TASKS = ("gsm8k", "cnndm", "infill", "unconditional", "likelihood", "arithmetic")
-
-
-# The workflow schema's task node of each command (workflows/config/schema.yaml): its task
-# settings are the command's options, with the same rules and defaults (util/validation.py).
-SCHEMA_TASK = {
-    "gsm8k": "gsm8k",
-    "cnndm": "cnndm",
-    "infill": "infill",
-    "unconditional": "unconditional",
-    "likelihood": "likelihood",
-    "arithmetic": "arithmetic-solve",  # infill's settings are solve's, less the budget
-}
 
 
 def add_parsers(commands) -> None:
@@ -69,13 +56,11 @@ def add_parsers(commands) -> None:
         parser.add_argument(
             "--device", default="auto", help="cpu, cuda, cuda:N, or auto (a GPU when there is one)"
         )
-        for setting in task_settings(SCHEMA_TASK[name]):
+        for setting in task_settings(COMMAND_NODES[name]):  # setdlm/tasks.py
             setting.add_to(parser)
         if name != "likelihood":
             _add_decoding_options(parser)
-    parsers["infill"].add_argument(
-        "--variant", choices=("infill-1", "infill-3"), default="infill-1"
-    )
+    parsers["infill"].add_argument("--variant", choices=variants("infill"), default="infill-1")
     parsers["infill"].add_argument(
         "--infill-cache",
         choices=("full", "prefix"),
@@ -83,10 +68,10 @@ def add_parsers(commands) -> None:
         help="SetDLM: cache both contexts first (the paper's setting) or the left one only, "
         "gaps between spans promoted as decoding passes them (the official default)",
     )
-    parsers["arithmetic"].add_argument("--variant", choices=("solve", "infill"), default="solve")
+    parsers["arithmetic"].add_argument("--variant", choices=variants("arithmetic"), default="solve")
     parsers["likelihood"].add_argument(
         "--data",
-        choices=tuple(LIKELIHOOD_TASKS.values()),
+        choices=likelihood_data(),
         default="wikitext2",
         help="a held-out text set, or arithmetic: the synthetic test problems one per row "
         "(--limit of them, default 300, from --generator and --problem-seed)",

@@ -58,6 +58,7 @@ from setdlm.results.reader import (
     is_number,
     point_sample_problems,
 )
+from setdlm.tasks import TASKS
 from setdlm.util.errors import UserError
 from setdlm.util.files import atomic_write_json
 
@@ -79,8 +80,6 @@ COUNTED_SPEED_TOLERANCE = 0.10
 LIKELIHOOD_TOLERANCE = 0.05
 PERPLEXITY_TOLERANCE = 0.30
 FEW_SAMPLE_TOLERANCE = 0.50
-# Tasks whose counted speed rests on a handful of samples (the default's 3 unconditional ones).
-FEW_SAMPLE_TASKS = ("unconditional",)
 ABOUT = (
     "setdlm check baseline: per result point, per metric (dotted path into metrics.json), the "
     "value and the allowed difference (tolerance: absolute; rel_tolerance: fraction of the "
@@ -186,12 +185,13 @@ def across_numerics_rule(point: ResultPoint, metric: str) -> dict:
     if metric in COUNTS:
         return {"tolerance": 0}
     if metric.startswith("speed."):
-        few = point.task in FEW_SAMPLE_TASKS
+        # a task whose counted speed rests on a handful of samples (setdlm/tasks.py)
+        few = point.task in TASKS and TASKS[point.task].few_samples
         return {"rel_tolerance": FEW_SAMPLE_TOLERANCE if few else COUNTED_SPEED_TOLERANCE}
     name = metric.split(".")[1]
     # Likelihood before intervals: its NLL has had an interval over sequences since the
     # likelihood-arithmetic task, but the statistical rule's one-example slack is a proportion's.
-    if point.task.startswith("likelihood-"):
+    if point.task in TASKS and not TASKS[point.task].decoding:
         if name == "perplexity":  # exp(NLL): 5 % of an NLL near 5 nats is 29 % of it
             return {"rel_tolerance": PERPLEXITY_TOLERANCE}
         return {"rel_tolerance": LIKELIHOOD_TOLERANCE}

@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 from setdlm.report.tables import TABLES
-from setdlm.results.layout import TASK_FIELDS
 from setdlm.results.reader import ResultError, load_results
+from setdlm.tasks import figure_tasks
 from setdlm.util.errors import ArgumentParser
 from setdlm.util.validation import output_path
 
-FIGURE_TASKS = tuple(TASK_FIELDS)  # every decoding task; likelihood has no speed to plot
+FIGURE_TASKS = figure_tasks()  # every decoding task; likelihood has no speed to plot
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,7 +33,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from setdlm.results.layout import HEADLINE_QUALITY
+from setdlm.tasks import TASKS
+from setdlm.tasks import task as task_info
 from setdlm.util.errors import UserError
 from setdlm.util.files import atomic_write_json, read_json
 
@@ -51,10 +52,11 @@ TOLERANCE_NOTE = (
     "the closing note of issue 24; a 3-point accuracy drop at any point fails."
 )
 COUNTED = ("nfe_mean", "parallelism_mean", "generated_tokens")
-# The tasks it decodes: those scored per example against a reference, which take --limit. The
-# default's sampled problems (arithmetic-unconditional) and likelihood go through the same
-# engine and model code; `setdlm check` holds their metrics on a full run.
-CHECKED_TASKS = ("arithmetic-solve", "arithmetic-infill")
+# The tasks it decodes (setdlm/tasks.py: decoding_check): those scored per example against a
+# reference, which take --limit. The default's sampled problems (arithmetic-unconditional) and
+# likelihood go through the same engine and model code; `setdlm check` holds their metrics on a
+# full run.
+CHECKED_TASKS = tuple(name for name, info in TASKS.items() if info.decoding_check)
 # The check decodes in static batches: the default's 41 points of seed 0 in about a minute on 2
 # cores (56-73 s measured).
 DEFAULT_BATCH_SIZE = 16
@@ -171,7 +173,7 @@ def _token_digest(token_ids: list[int]) -> str:
 def _read(key: str, out: Path) -> Decoded:
     metrics = json.loads((out / "metrics.json").read_text())
     records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
-    headline = HEADLINE_QUALITY[key.split("/")[0]]
+    headline = task_info(key.split("/")[0]).headline
     speed = metrics.get("speed") or {}
     return Decoded(
         key,

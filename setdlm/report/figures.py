@@ -33,8 +33,8 @@ from setdlm.families import family as family_info
 from setdlm.families import policy as policy_info
 from setdlm.report import paper_numbers
 from setdlm.report.table import format_tau, hardware_summary
-from setdlm.results.layout import HEADLINE_QUALITY
 from setdlm.results.reader import ResultPoint, Results
+from setdlm.tasks import TASKS
 from setdlm.util.files import atomic_write_bytes
 
 
@@ -47,43 +47,11 @@ class FigureSpec:
     scale: float = 1.0
 
 
+# One per decoding task, from its row of setdlm/tasks.py: the headline quality on the y axis.
 FIGURES = {
-    "gsm8k": FigureSpec(
-        "gsm8k", "GSM8K", HEADLINE_QUALITY["gsm8k"], "accuracy, paper_exact (%)", 100.0
-    ),
-    "cnndm": FigureSpec(
-        "cnndm", "CNN/DailyMail", HEADLINE_QUALITY["cnndm"], "ROUGE-L (F1 × 100)", 100.0
-    ),
-    "infill-1": FigureSpec(
-        "infill-1", "ROCStories infill-1", HEADLINE_QUALITY["infill-1"], "ROUGE-L (F1 × 100)", 100.0
-    ),
-    "infill-3": FigureSpec(
-        "infill-3", "ROCStories infill-3", HEADLINE_QUALITY["infill-3"], "ROUGE-L (F1 × 100)", 100.0
-    ),
-    "unconditional": FigureSpec(
-        "unconditional", "Unconditional generation", HEADLINE_QUALITY["unconditional"], "MAUVE"
-    ),
-    "arithmetic-solve": FigureSpec(
-        "arithmetic-solve",
-        "Synthetic arithmetic (solve)",
-        HEADLINE_QUALITY["arithmetic-solve"],
-        "accuracy, strict match (%)",
-        100.0,
-    ),
-    "arithmetic-infill": FigureSpec(
-        "arithmetic-infill",
-        "Synthetic arithmetic (infill one step)",
-        HEADLINE_QUALITY["arithmetic-infill"],
-        "step exact match (%)",
-        100.0,
-    ),
-    "arithmetic-unconditional": FigureSpec(
-        "arithmetic-unconditional",
-        "Synthetic arithmetic (whole problems sampled from BOS)",
-        HEADLINE_QUALITY["arithmetic-unconditional"],
-        "correct samples (%)",
-        100.0,
-    ),
+    name: FigureSpec(name, info.figure.title, info.headline, info.figure.label, info.figure.scale)
+    for name, info in TASKS.items()
+    if info.figure is not None
 }
 # A τ label is left out when it would sit closer than this to one already drawn, in
 # fractions of the axes' data range.

@@ -28,8 +28,8 @@ from setdlm.report.table import (
     to_latex,
     to_markdown,
 )
-from setdlm.results.layout import HEADLINE_QUALITY
 from setdlm.results.reader import ResultPoint, Results, speed_protocol_of
+from setdlm.tasks import PAPER_TABLES, TASKS, paper_table, table_tasks
 from setdlm.util.files import atomic_write_text
 
 
@@ -58,11 +58,22 @@ class Metric:
 
 @dataclass(frozen=True)
 class TableSpec:
-    key: str
+    """How a paper table of setdlm/tasks.py shows its rows: its tasks and file stem are there."""
+
+    table: str  # its PAPER_TABLES name
     title: str
-    tasks: tuple[str, ...]  # task folders whose points make the rows
     metrics: tuple[Metric, ...]
     units: str
+
+    @property
+    def key(self) -> str:
+        """The table's file stem."""
+        return paper_table(self.table).stem
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        """The task folders whose points make the rows."""
+        return table_tasks(self.table)
 
 
 def _rouge(names) -> tuple[Metric, ...]:
@@ -78,9 +89,8 @@ def _rouge(names) -> tuple[Metric, ...]:
 INTERVALS = "[low, high]: a 95 % interval (how it was computed: the interval note)."
 ROUGE_UNITS = "Units: ROUGE F1 × 100; " + INTERVALS
 GSM8K = TableSpec(
-    "gsm8k_pareto",
+    "gsm8k",
     "GSM8K speed-quality (Pareto) points",
-    ("gsm8k",),
     (
         Metric("paper_exact", "acc paper_exact (%)", 100.0, interval=True),
         Metric("strict_match", "acc strict_match (%)", 100.0, interval=True),
@@ -96,9 +106,8 @@ GSM8K_DELTAS = (
     "shown."
 )
 ARITHMETIC = TableSpec(
-    "arithmetic_pareto",
+    "arithmetic",
     "Synthetic arithmetic: speed against quality as τ falls",
-    ("arithmetic-solve", "arithmetic-infill"),
     (
         Metric("strict_match", "acc strict (%)", 100.0, interval=True),
         Metric("flexible_extract", "acc flexible (%)", 100.0, interval=True),
@@ -113,7 +122,6 @@ ARITHMETIC = TableSpec(
 ARITHMETIC_UNCONDITIONAL = TableSpec(
     "arithmetic_unconditional",
     "Synthetic arithmetic: whole problems sampled from BOS as τ falls",
-    ("arithmetic-unconditional",),
     (
         Metric("correct", "correct (%)", 100.0, interval=True),
         Metric("valid", "valid (%)", 100.0, interval=True),
@@ -140,21 +148,18 @@ SPECS = {
     "cnndm": TableSpec(
         "cnndm",
         "CNN/DailyMail summarization",
-        ("cnndm",),
         _rouge(("rouge1", "rouge2", "rougeL", "rougeLsum")),
         ROUGE_UNITS,
     ),
     "infill": TableSpec(
-        "rocstories_infill",
+        "infill",
         "ROCStories infilling",
-        ("infill-1", "infill-3"),
         (*_rouge(("rouge1", "rouge2", "rougeL")), Metric("skipped_too_long", "skipped", digits=0)),
         ROUGE_UNITS + " skipped: stories left out because they do not fit the model length.",
     ),
     "unconditional": TableSpec(
         "unconditional",
         "Unconditional generation",
-        ("unconditional",),
         (
             Metric("mauve", "MAUVE", digits=3),
             Metric("mauve_bootstrap", "MAUVE bootstrap", digits=3, spread=True),
@@ -171,7 +176,6 @@ SPECS = {
 LIKELIHOOD = TableSpec(
     "likelihood",
     "Held-out likelihood",
-    (),  # every likelihood-<data> folder
     (
         Metric("nll", "NLL (nats/token)", digits=3, interval=True),
         Metric("perplexity", "perplexity"),
@@ -204,15 +208,7 @@ LIKELIHOOD_INTERVAL = (
     "it holds the sampling of the sequences only, not the Monte-Carlo noise of a bound or "
     "another training."
 )
-TABLES = (
-    "gsm8k",
-    "cnndm",
-    "infill",
-    "unconditional",
-    "likelihood",
-    "arithmetic",
-    "arithmetic_unconditional",
-)
+TABLES = tuple(PAPER_TABLES)  # setdlm/tasks.py
 
 SPEED_COLUMNS = [
     Column("tokens_per_second", "tok/s", 2, spread=True),
@@ -251,7 +247,7 @@ def build_tables(results: Results, names=TABLES) -> list[Table]:
         points = _points_of(spec, results)
         if any(p.seeds for p in points):
             tables.append(seeds_table(spec, points, table.title))
-        if name == "arithmetic":
+        if paper_table(name).claims:
             from setdlm.report.claims import claims_table
 
             tables.append(claims_table(results))
@@ -259,8 +255,8 @@ def build_tables(results: Results, names=TABLES) -> list[Table]:
 
 
 def _points_of(spec: TableSpec, results: Results) -> list[ResultPoint]:
-    if spec is LIKELIHOOD:
-        return [p for p in results.points if p.task.startswith("likelihood-")]
+    if spec is LIKELIHOOD:  # in the results' order, not grouped by data set
+        return [p for p in results.points if p.task in spec.tasks]
     return [p for task in spec.tasks for p in results.for_task(task)]
 
 
@@ -388,7 +384,7 @@ def aup_notes(points: list[ResultPoint]) -> list[str]:
     """Per task with a τ sweep: each family's AUP over its points, with the reference."""
     notes = []
     for task in sorted({p.task for p in points}):
-        headline = HEADLINE_QUALITY.get(task)
+        headline = TASKS[task].headline
         scored = [p for p in points if p.task == task and p.quality(headline) is not None]
         if not scored or not any(p.tau is not None for p in scored):
             continue
@@ -635,7 +631,7 @@ def _difference(ours, theirs):
 
 # -------------------------------------------------------------------------------- likelihood
 def likelihood_table(results: Results) -> Table:
-    points = [p for p in results.points if p.task.startswith("likelihood-")]
+    points = _points_of(LIKELIHOOD, results)
     columns = [
         Column("data", "data"),
         Column("model", "model"),
@@ -646,7 +642,7 @@ def likelihood_table(results: Results) -> Table:
     ]
     rows = [
         {
-            "data": p.task.removeprefix("likelihood-"),
+            "data": TASKS[p.task].data,
             "model": p.model,
             "measures": likelihood_measured(p),
             "examples": p.metrics.get("examples"),
@@ -694,8 +690,7 @@ def _result_notes(points: list[ResultPoint], spec: TableSpec, results: Results) 
     if not points:
         return [f"No finished results for this table in run '{run}'."]
     notes = [f"Results: run '{run}', {len(points)} finished point(s)."]
-    tasks = spec.tasks or tuple(sorted({p.task for p in points}))
-    unfinished = [key for key in results.unfinished if key.split("/")[0] in tasks]
+    unfinished = [key for key in results.unfinished if key.split("/")[0] in spec.tasks]
     if unfinished:
         notes.append(f"Left out, not finished (no metrics.json): {', '.join(unfinished)}.")
     examples = sorted({p.metrics.get("examples") for p in points}, key=str)

@@ -11,6 +11,10 @@
     <results>/mlflow.db, <results>/mlartifacts/ (the default MLflow store and its artifacts)
     <results>/tables/<config name>/, <results>/figures/<config name>/
 
+Task names and everything known about each task (its metrics.json ``task``, headline quality,
+checkpoint domain, table and figure) are rows of setdlm/tasks.py; the names below are read from
+it.
+
 Model names say the family and size (setdlm/families.py holds the grammar): ``ar``, ``mdlm``,
 ``bd3lm-s<S>``, ``setdlm-smax<M>`` (M = 2d, the paper's pairing of SetDLM-smax2S with
 BD3LM-S), optionally followed by a tag that tells two models of one family and size apart
@@ -30,6 +34,7 @@ from setdlm.families import (  # noqa: F401  (the layout's names)
     parse_model_name,
     without_group_names,
 )
+from setdlm.tasks import PAPER_TABLES, TASK_NAMES, paper_table, table_tasks
 
 RUNS_FOLDER = "runs"
 MODELS_FOLDER = "models"  # runs/<config>/models/<model>/: trained or fetched checkpoints
@@ -38,87 +43,15 @@ ARTIFACTS_FOLDER = "mlartifacts"
 # The files of a result folder (mirrored as MLflow artifacts, when present).
 RESULT_FILES = ("samples.jsonl", "metrics.json", "run.json", "throughput.json")
 
-# arithmetic-*: the synthetic task of setdlm/eval/arithmetic.py (solve, infill one step, and
-# sample whole problems from BOS: `setdlm eval unconditional --references arithmetic-<n>`)
-ARITHMETIC_TASKS = ("arithmetic-solve", "arithmetic-infill", "arithmetic-unconditional")
-DECODING_TASKS = ("gsm8k", "cnndm", "infill-1", "infill-3", "unconditional", *ARITHMETIC_TASKS)
-# likelihood-<data>: the held-out set each likelihood task reads
-LIKELIHOOD_TASKS = {
-    "likelihood-wikitext2": "wikitext2",
-    "likelihood-owt": "owt",
-    "likelihood-lm1b": "lm1b",
-    # the synthetic arithmetic test problems, one per row (models trained on arithmetic)
-    "likelihood-arithmetic": "arithmetic",
-}
-TASKS = (*DECODING_TASKS, *LIKELIHOOD_TASKS)
-LIKELIHOOD_PREFIX = "likelihood-"
-LIKELIHOOD_POINT = "default"
-# Task folder -> the ``task`` field its evaluation writes into metrics.json (likelihood-<data>:
-# "likelihood", on the data its config names).
-TASK_FIELDS = {
-    "gsm8k": "gsm8k",
-    "cnndm": "cnndm",
-    "infill-1": "rocstories-infill-1",
-    "infill-3": "rocstories-infill-3",
-    "unconditional": "unconditional",
-    "arithmetic-solve": "arithmetic-solve",
-    "arithmetic-infill": "arithmetic-infill",
-    "arithmetic-unconditional": "unconditional",
-}
-# The quality each task is plotted and compared by (its figure's y axis, MLflow's `quality`).
-HEADLINE_QUALITY = {
-    "gsm8k": "paper_exact",
-    "cnndm": "rougeL",
-    "infill-1": "rougeL",
-    "infill-3": "rougeL",
-    "unconditional": "mauve",
-    "arithmetic-solve": "strict_match",
-    "arithmetic-infill": "step_exact",
-    "arithmetic-unconditional": "correct",
-}
-LIKELIHOOD_HEADLINE = "nll"
-
-# Which published checkpoint a task uses (models.yaml is keyed "<domain>:<model>"): the paper
-# infills and samples with the OWT models, and scores each held-out set with its own models.
-# WikiText-2 has no published models; the OWT ones (GPT-2 tokenizer) are the closest.
-TASK_DOMAIN = {
-    "gsm8k": "gsm8k",
-    "cnndm": "cnndm",
-    "infill-1": "owt",
-    "infill-3": "owt",
-    "unconditional": "owt",
-    "likelihood-wikitext2": "owt",
-    "likelihood-owt": "owt",
-    "likelihood-lm1b": "lm1b",
-    # no published checkpoint is trained on it: only models trained here evaluate it
-    "arithmetic-solve": "arithmetic",
-    "arithmetic-infill": "arithmetic",
-    "arithmetic-unconditional": "arithmetic",
-    "likelihood-arithmetic": "arithmetic",
-}
+# The tasks (result folders) and the paper's tables with the tasks each is built from: the
+# rows of the task table (setdlm/tasks.py), named here for the Snakefile's wildcards and rules.
+TASKS = TASK_NAMES
+LIKELIHOOD_POINT = "default"  # the one point of a likelihood task
+# The domains of the published checkpoints (models.yaml is keyed "<domain>:<model>"); each
+# task's row says which one evaluates it.
 DOMAINS = ("gsm8k", "cnndm", "owt", "lm1b")
-
-# The paper's tables and the tasks each is built from.
-TABLES = {
-    "gsm8k": ("gsm8k",),
-    "cnndm": ("cnndm",),
-    "infill": ("infill-1", "infill-3"),
-    "unconditional": ("unconditional",),
-    "likelihood": tuple(LIKELIHOOD_TASKS),
-    "arithmetic": ("arithmetic-solve", "arithmetic-infill"),
-    "arithmetic_unconditional": ("arithmetic-unconditional",),
-}
+TABLES = {name: table_tasks(name) for name in PAPER_TABLES}
 TABLE_FORMATS = ("md", "csv", "tex")
-# The file name `setdlm report tables` gives each table: <tables>/<stem>.{md,csv,tex}.
-TABLE_FILES = {
-    "gsm8k": "gsm8k_pareto",
-    "cnndm": "cnndm",
-    "infill": "rocstories_infill",
-    "unconditional": "unconditional",
-    "likelihood": "likelihood",
-    "arithmetic": "arithmetic_pareto",
-    "arithmetic_unconditional": "arithmetic_unconditional",
-}
 # One speed-quality figure per decoding task: <figures>/<task>_pareto.{png,pdf}.
 FIGURE_FORMATS = ("png", "pdf")
 
@@ -131,11 +64,12 @@ SEEDS_SUFFIX = "_seeds"
 
 def table_files(folder: str, table: str, seeded: bool = False) -> list[str]:
     """The files of a paper table: its own, its per-seed companion (``seeded``: some of its
-    rows aggregate seeds), and for the arithmetic table the claims table."""
-    stems = [TABLE_FILES[table]]
+    rows aggregate seeds), and the claims table where the table has one (arithmetic)."""
+    info = paper_table(table)
+    stems = [info.stem]
     if seeded:
-        stems.append(TABLE_FILES[table] + SEEDS_SUFFIX)
-    if table == "arithmetic":
+        stems.append(info.stem + SEEDS_SUFFIX)
+    if info.claims:
         stems.append(CLAIMS_FILE)
     return [f"{folder}/{stem}.{fmt}" for stem in stems for fmt in TABLE_FORMATS]
 

@@ -24,14 +24,13 @@ from setdlm.families import FAMILY_NAMES, MODEL_NAME_HELP, config_size, parse_mo
 from setdlm.families import family as family_info
 from setdlm.results.layout import (
     ARTIFACTS_FOLDER,
-    LIKELIHOOD_PREFIX,
     MODELS_FOLDER,
     POINT_NAME,
     RESULT_FILES,
     RUNS_FOLDER,
-    TASK_FIELDS,
     TRAINED_MARKER,
 )
+from setdlm.tasks import LIKELIHOOD_PREFIX, TASK_NAMES, TASKS
 from setdlm.util.errors import UserError
 
 RESULTS_DIR_ENV = "SETDLM_RESULTS_DIR"
@@ -422,18 +421,17 @@ def checkpoint_marker(model_source: str, models: Path | None) -> dict | None:
 # ------------------------------------------------------------------- folder names, checked
 def _check_task(path: Path, task: str, metrics: dict) -> None:
     recorded = metrics.get("task")
-    if task.startswith(LIKELIHOOD_PREFIX):
+    info = TASKS.get(task)  # the task table (setdlm/tasks.py)
+    if info is None:
+        raise ResultError(
+            f"{path}: task folder {task!r} is not one of {', '.join(TASK_NAMES)} (setdlm/tasks.py)"
+        )
+    if info.data is not None:
         data = metrics.get("config", {}).get("data")
-        expected = ("likelihood", task.removeprefix(LIKELIHOOD_PREFIX))
-        if (recorded, data) != expected:
+        if (recorded, data) != (info.field, info.data):
             raise ResultError(f"{path}: folder {task!r} holds task {recorded!r} on data {data!r}")
         return
-    if task not in TASK_FIELDS:
-        raise ResultError(
-            f"{path}: task folder {task!r} is not one of {sorted(TASK_FIELDS)} "
-            f"or {LIKELIHOOD_PREFIX}<data>"
-        )
-    if recorded != TASK_FIELDS[task]:
+    if recorded != info.field:
         raise ResultError(f"{path}: folder {task!r} holds task {recorded!r}")
 
 

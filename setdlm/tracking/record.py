@@ -37,8 +37,8 @@ from pathlib import Path
 from setdlm.eval.records import config_hash
 from setdlm.families import family as family_info
 from setdlm.report.aup import aup
-from setdlm.results.layout import HEADLINE_QUALITY, LIKELIHOOD_HEADLINE, LIKELIHOOD_PREFIX
 from setdlm.results.reader import ResultPoint, quality_interval
+from setdlm.tasks import TASKS
 from setdlm.tracking.views import LEVEL_TAG, RUN_COLOR_TAG, ExperimentFacts
 
 # MLflow's limits (mlflow.utils.validation): longer keys or values are refused.
@@ -143,13 +143,17 @@ def run_record(point: ResultPoint) -> RunRecord:
     )
 
 
-# Tasks whose headline quality is an accuracy (also logged as ``accuracy``).
-ACCURACY_TASKS = ("gsm8k", "arithmetic-solve")
-
-
 def headline_of(task: str) -> str | None:
-    """The quality a task is judged by (the ``quality`` metric), None where it has none."""
-    return LIKELIHOOD_HEADLINE if task.startswith(LIKELIHOOD_PREFIX) else HEADLINE_QUALITY.get(task)
+    """The quality a task is judged by (the ``quality`` metric), None where it has none (a
+    result found outside the layout, of no task of setdlm/tasks.py)."""
+    info = TASKS.get(task)
+    return info.headline if info else None
+
+
+def is_accuracy(task: str) -> bool:
+    """Whether a task's headline quality is an accuracy (also logged as ``accuracy``)."""
+    info = TASKS.get(task)
+    return info is not None and info.accuracy
 
 
 def _key_metrics(point: ResultPoint) -> tuple[dict[str, float], str | None]:
@@ -160,7 +164,7 @@ def _key_metrics(point: ResultPoint) -> tuple[dict[str, float], str | None]:
     entry = quality.get(headline) if headline else None
     if isinstance(entry, dict) and isinstance(entry.get("value"), int | float):
         numbers["quality"] = float(entry["value"])
-        if point.task in ACCURACY_TASKS:
+        if is_accuracy(point.task):
             numbers["accuracy"] = numbers["quality"]
         interval = quality_interval(point.metrics, headline)
         if interval is not None:  # the error bar, as two metrics
@@ -173,7 +177,8 @@ def _key_metrics(point: ResultPoint) -> tuple[dict[str, float], str | None]:
 
 def higher_is_better(task: str) -> bool:
     """Whether a larger ``quality`` is better: every headline but likelihood's NLL."""
-    return not task.startswith(LIKELIHOOD_PREFIX)
+    info = TASKS.get(task)
+    return info is None or info.higher_is_better
 
 
 def quality_tags(task: str, headline: str) -> dict[str, str]:
@@ -397,7 +402,7 @@ def sweep_records(points: list[tuple[ResultPoint, RunRecord]]) -> list[SweepReco
         if scored:
             best = (max if higher else min)(value for _, value in scored)
             metrics["best_quality"] = best
-            if first.experiment in ACCURACY_TASKS:
+            if is_accuracy(first.experiment):
                 metrics["best_accuracy"] = best
         curve = [
             (r.metrics["parallelism"], r.metrics["quality"])
@@ -433,7 +438,7 @@ def experiment_facts(points: list[tuple[ResultPoint, RunRecord]]) -> list[Experi
             ExperimentFacts(
                 task=experiment,
                 config_name=config,
-                quality="accuracy" if experiment in ACCURACY_TASKS else "quality",
+                quality="accuracy" if is_accuracy(experiment) else "quality",
                 headline=headline_of(experiment),
                 higher_is_better=higher_is_better(experiment),
                 decoding=any("parallelism" in r.metrics for _, r in pairs),

@@ -21,17 +21,16 @@ from pathlib import Path
 from setdlm.families import family as family_info
 from setdlm.results.layout import (
     LIKELIHOOD_POINT,
-    LIKELIHOOD_TASKS,
     TABLES,
-    TASK_DOMAIN,
     figure_files,
     point_name,
     result_dir,
     run_dir,
     table_files,
 )
+from setdlm.tasks import task as task_info
 from setdlm.util.git import head_commit
-from setdlm.util.validation import schema_task, task_settings
+from setdlm.util.validation import task_settings
 from setdlm.workflow import datasets
 from setdlm.workflow.config import (
     data_dir,
@@ -66,17 +65,6 @@ CURVE_STEMS = ("learning_curves", "learning_curves_points")
 BASE_RESOURCES = {"cpus": 1, "mem_mb": 4000, "runtime": 60, "gpus": 0}
 # Settings that choose which jobs exist rather than what one job computes.
 NOT_PER_POINT = ("models", "thresholds", "overrides", "policies")
-# Likelihood settings read only with data arithmetic (likelihood-arithmetic).
-ARITHMETIC_ONLY = ("generator", "problem_seed")
-
-
-def unread_settings(task: str) -> tuple[str, ...]:
-    """Settings of a task's schema node that its evaluation does not read: a held-out set's
-    likelihood ignores the arithmetic problems' settings, which stay out of its identity (so
-    that the results computed before they existed keep their hash) and its command line."""
-    if task in LIKELIHOOD_TASKS and LIKELIHOOD_TASKS[task] != "arithmetic":
-        return ARITHMETIC_ONLY
-    return ()
 
 
 @dataclass(frozen=True)
@@ -212,7 +200,7 @@ class Plan:
 
     def figure_tasks(self) -> list[str]:
         """The decoding tasks configured: each gets a speed-quality figure."""
-        return [task for task in self.config["tasks"] if task not in LIKELIHOOD_TASKS]
+        return [task for task in self.config["tasks"] if task_info(task).figure is not None]
 
     def figure_files(self) -> list[str]:
         return [f for task in self.figure_tasks() for f in figure_files(self.figures_dir, task)]
@@ -296,7 +284,7 @@ def _plan_model_points(plan: Plan, published: dict, task: str, settings: dict, n
         inputs["model"] = plan.model_marker(name)
         model_identity = plan.trained[name]
     else:
-        domain = TASK_DOMAIN[task]
+        domain = task_info(task).domain
         spec = resolve_key(entry["checkpoint"][domain], published)
         if not spec["loadable"]:
             plan.skipped.append(f"{task}/{name}: {spec['key']} cannot be loaded ({spec['note']})")
@@ -313,7 +301,8 @@ def _plan_model_points(plan: Plan, published: dict, task: str, settings: dict, n
     if isinstance(evaluator, dict):
         judge = evaluator["model"]
         inputs["evaluator"] = plan.model_marker(judge, seed=plan.evaluator_seed(judge))
-    unread = (*NOT_PER_POINT, *unread_settings(task))
+    # settings its evaluation does not read stay out of its identity (setdlm/tasks.py)
+    unread = (*NOT_PER_POINT, *task_info(task).unread)
     shared = {key: value for key, value in settings.items() if key not in unread}
     if shared.get("batching") == "auto":
         # Added after results existed, and batching changes no sample: at its default it leaves
@@ -327,7 +316,7 @@ def _plan_model_points(plan: Plan, published: dict, task: str, settings: dict, n
         "model_identity": model_identity,
         "evaluator": plan.trained.get(evaluator["model"]) if isinstance(evaluator, dict) else None,
     }
-    if task in LIKELIHOOD_TASKS:
+    if not task_info(task).decoding:
         decodings = [(None, None)]
     else:
         thresholds = override.get("thresholds", settings["thresholds"])
@@ -368,25 +357,15 @@ def _plan_model_points(plan: Plan, published: dict, task: str, settings: dict, n
         )
 
 
-# Tasks that another task's command runs, and that command's schema node.
-COMMAND_NODES = {"arithmetic-unconditional": "unconditional"}
-
-
-def eval_command(task: str) -> str:
-    """The ``setdlm eval`` command of a workflow task."""
-    if task in LIKELIHOOD_TASKS:
-        return "likelihood"
-    return COMMAND_NODES.get(task) or task.split("-")[0]
-
-
 def eval_args(
     task, settings, override, plan, name, model_arg, folder, tau, policy=None
 ) -> tuple[str, ...]:
-    """The ``setdlm eval`` arguments of one point: every setting spelled out. The task's schema
+    """The ``setdlm eval`` arguments of one point: every setting spelled out. The task's row
+    (setdlm/tasks.py) names its command and the arguments that pick it; its command's schema
     node says which settings there are and how each is written (``task_settings``), the same
     definitions ``setdlm eval``'s options are built from."""
-    command = eval_command(task)
-    args = [command, "--model", model_arg, "--out", folder]
+    info = task_info(task)
+    args = [info.command, "--model", model_arg, "--out", folder]
     values = {**settings, **{key: override[key] for key in ("batch_size",) if key in override}}
     evaluator = settings.get("evaluator")
     if isinstance(evaluator, dict):  # an AR model trained by this workflow
@@ -394,15 +373,12 @@ def eval_args(
         values["evaluator"] = plan.model_folder(judge, plan.evaluator_seed(judge))
     # Written as the command's own options read them: a task with a node of its own (other
     # defaults) spells every value out in the command node's form (a flag, its negation).
-    node = COMMAND_NODES.get(task, schema_task(task))
-    for setting in task_settings(node, skip=unread_settings(task)):
+    for setting in task_settings(info.command_node, skip=info.unread):
         if setting.key in values:
             args += setting.args(values[setting.key])
-    if task in LIKELIHOOD_TASKS:
-        args += ["--data", LIKELIHOOD_TASKS[task]]
+    args += info.command_args  # --variant, --data
+    if not info.decoding:
         return tuple(str(arg) for arg in args)
-    if task.startswith(("infill", "arithmetic")) and command != "unconditional":
-        args += ["--variant", task if task.startswith("infill") else task.split("-")[1]]
     args += ["--threshold", repr(float(tau))]
     if policy is not None:
         args += ["--policy", policy]
