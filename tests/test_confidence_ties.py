@@ -3,12 +3,19 @@ logits' dtype, ties kept toward the later position, τ tested on its own."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from setdlm.checkpoints.parity import run_parity
-from setdlm.core.decoding import engine
-from setdlm.core.decoding.sampling import probabilities, select_by_confidence
+from setdlm.core.decoding import engine, sampling
+from setdlm.core.decoding.sampling import (
+    choose_tokens,
+    greedy_tokens,
+    probabilities,
+    select_by_confidence,
+)
 
 
 def test_log_sum_exp_confidence_saturates_to_exactly_one_where_softmax_does_not():
@@ -90,8 +97,8 @@ def test_saturated_fixtures_need_both_halves_of_the_rule(saturated_parity_dir, m
         logits[..., mask_token_id] = -1e12
         return torch.softmax(logits.float(), dim=-1)
 
-    with monkeypatch.context() as patch:
-        patch.setattr(engine, "probabilities", softmax_probabilities)
+    with monkeypatch.context() as patch:  # greedy steps take the table at this vocabulary
+        patch.setattr(sampling, "probabilities", softmax_probabilities)
         assert _failing_generations(saturated_parity_dir)
 
     original = engine.select_by_confidence
@@ -105,3 +112,90 @@ def test_saturated_fixtures_need_both_halves_of_the_rule(saturated_parity_dir, m
     with monkeypatch.context() as patch:
         patch.setattr(engine, "select_by_confidence", earlier_wins)
         assert _failing_generations(saturated_parity_dir)
+
+
+def _bits(t: torch.Tensor) -> list[int]:
+    return t.float().contiguous().view(torch.int32).flatten().tolist()
+
+
+def _table_choice(logits, mask_token_id):
+    return choose_tokens(probabilities(logits, mask_token_id), False, None, [])
+
+
+def _with_rivals(logits: torch.Tensor, ulps: int) -> torch.Tensor:
+    """A copy of every row's top logit ``ulps`` floats below it, 3 entries later: equal
+    probabilities (the earlier entry wins) or, through exp's rounding, a reversed order."""
+    top, where = logits.max(dim=-1)
+    rival = top.clone()
+    for _ in range(ulps):
+        rival = torch.nextafter(rival, torch.tensor(-math.inf))
+    rows = logits.view(-1, logits.shape[-1])
+    pairs = zip(where.flatten().tolist(), rival.flatten().tolist(), strict=True)
+    for r, (i, value) in enumerate(pairs):
+        rows[r, (i + 3) % rows.shape[1]] = value
+    return logits
+
+
+@pytest.mark.parametrize("vocab", [7, 120, 2048, 50257])
+def test_greedy_top_only_path_is_bit_for_bit_the_probability_table(vocab, monkeypatch):
+    """Tokens and confidence bits as the table gives them, on ordinary, saturated (1e3-1e5)
+    and near-tied logits, banned (-inf) entries, NaN and the mask token; near ties take the
+    table, everything else the top-only path."""
+    monkeypatch.setattr(sampling, "TOP_ONLY_MIN_LOGITS", 0)
+    generator = torch.Generator().manual_seed(vocab)
+    took_table = []
+    monkeypatch.setattr(
+        sampling, "choose_tokens", lambda *a, **k: took_table.append(1) or choose_tokens(*a, **k)
+    )
+    for case in range(60):
+        logits = torch.randn(1 + case % 3, 1 + case % 7, vocab, generator=generator)
+        logits *= (1.0, 5.0, 1e3, 1e5)[case % 4]
+        rivals = case % 5 == 0
+        if rivals:
+            _with_rivals(logits, case % 4)  # 0 ulps: an exact tie of the top
+        if case % 6 == 1:
+            logits[..., 1] = -math.inf
+        if case % 9 == 2:
+            logits[0, 0, 0] = math.nan
+        mask = vocab - 1 if case % 2 else None
+        before = len(took_table)
+        tokens, confidence = greedy_tokens(logits.clone(), mask)
+        expected_tokens, expected_confidence = _table_choice(logits.clone(), mask)
+        assert tokens.tolist() == expected_tokens.tolist(), case
+        assert _bits(confidence) == _bits(expected_confidence), case
+        if not rivals and case % 9 != 2:  # no rival, no NaN: the table was not needed
+            assert len(took_table) == before, case
+        elif rivals and case % 4 == 0:  # an exact tie of the top: the table decides
+            assert len(took_table) == before + 1, case
+
+
+def test_greedy_takes_the_table_where_it_is_cheaper_or_ties_are_common():
+    generator = torch.Generator().manual_seed(0)
+    small = torch.randn(1, 4, 128, generator=generator)
+    for logits in (small, small.to(torch.bfloat16)):
+        tokens, confidence = greedy_tokens(logits.clone(), None)
+        expected_tokens, expected_confidence = _table_choice(logits.clone(), None)
+        assert tokens.tolist() == expected_tokens.tolist()
+        assert confidence.dtype == logits.dtype
+        assert _bits(confidence) == _bits(expected_confidence)
+
+
+@pytest.mark.parametrize("fixtures", ["parity_dir", "saturated_parity_dir"])
+def test_both_fixture_sets_pass_through_the_top_only_path(fixtures, request, monkeypatch):
+    """The fixtures' vocabularies are small enough for the table; forced through the top-only
+    path, every greedy generation still matches the official one."""
+    monkeypatch.setattr(sampling, "TOP_ONLY_MIN_LOGITS", 0)
+    calls = []
+    top_only = sampling.greedy_tokens
+
+    def counted(logits, mask_token_id):
+        calls.append(1)
+        return top_only(logits, mask_token_id)
+
+    tables = []
+    monkeypatch.setattr(engine, "greedy_tokens", counted)
+    monkeypatch.setattr(
+        sampling, "choose_tokens", lambda *a, **k: tables.append(1) or choose_tokens(*a, **k)
+    )
+    assert _failing_generations(request.getfixturevalue(fixtures)) == []
+    assert len(tables) < len(calls) / 2, (len(tables), len(calls))  # mostly top-only steps

@@ -99,6 +99,13 @@ def _add_decode_arguments(parser) -> None:
     parser.add_argument("--backbone", choices=("qwen3", "dit"), default="qwen3")
     parser.add_argument("--layers", type=option("$defs/train/properties/num_layers"), default=4)
     parser.add_argument("--hidden", type=option("$defs/train/properties/hidden_size"), default=256)
+    parser.add_argument(
+        "--vocab",
+        type=option("$defs/train/properties/vocab_size"),
+        default=2048,
+        help="the random models' vocabulary (GPT-2's 50257 and Qwen3's 151936 are the "
+        "published checkpoints'; a greedy step's cost grows with it)",
+    )
     parser.add_argument("--prompt-tokens", type=TOKENS, default=32)
     parser.add_argument("--new-tokens", type=TOKENS, default=128)
     parser.add_argument("--batch-size", type=BATCH_SIZE, default=1)
@@ -147,6 +154,7 @@ def _decode(args) -> int:
         backbone=args.backbone,
         num_layers=args.layers,
         hidden_size=args.hidden,
+        vocab_size=args.vocab,
         prompt_tokens=args.prompt_tokens,
         new_tokens=args.new_tokens,
         batch_size=args.batch_size,

@@ -35,6 +35,7 @@ from setdlm.core.decoding import processors
 from setdlm.core.decoding.config import DecodeConfig, PolicyOptions
 from setdlm.core.decoding.sampling import (
     choose_tokens,
+    greedy_tokens,
     nucleus_filter,
     probabilities,
     select_by_confidence,
@@ -389,9 +390,12 @@ def _decode_targets(family, rows, plans, target_logits, config: DecodeConfig) ->
         return committed
     mask_id = family.config.mask_token_id
     target_logits = _apply_processors(target_logits, rows, plans, config, mask_id)
-    probs = nucleus_filter(probabilities(target_logits, mask_id), config.top_p)  # (B, D, V)
-    generators = [row.generator for row in rows] if config.do_sample else None
-    tokens, confidence = choose_tokens(probs, config.do_sample, generators, counts)  # (B, D)
+    if config.do_sample or config.top_p < 1.0:
+        probs = nucleus_filter(probabilities(target_logits, mask_id), config.top_p)  # (B, D, V)
+        generators = [row.generator for row in rows] if config.do_sample else None
+        tokens, confidence = choose_tokens(probs, config.do_sample, generators, counts)  # (B, D)
+    else:  # the same tokens and confidences, without the probability table where it is slower
+        tokens, confidence = greedy_tokens(target_logits, mask_id)  # (B, D)
     # the one transfer to the host per step: the commit rule and the stops read these
     token_rows, confidence_rows = tokens.tolist(), confidence.tolist()
     for b, (row, inputs) in enumerate(zip(rows, plans, strict=True)):
