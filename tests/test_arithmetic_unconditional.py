@@ -193,3 +193,22 @@ def test_the_default_plans_sampled_problems_as_unconditional_commands(data_dir):
     assert point.inputs["evaluator"] == "results/runs/tiny/models/ar-arith/seed-0/checkpoint.json"
     assert "arithmetic_unconditional" in plan.tables()
     assert "arithmetic-unconditional" in plan.figure_tasks()
+
+
+def test_samples_are_judged_by_the_grammar_their_models_learned():
+    """The default is consistent; references naming another generator than the models'
+    training problems is a configuration error that names the key and the model."""
+    from setdlm.workflow.config import ConfigError, validate
+
+    environ = {"SETDLM_DATA_DIR": str(Path("/nonexistent"))}
+    config = tiny_config()
+    validate(config, check_data=False, environ=environ)
+    config["tasks"]["arithmetic-unconditional"]["references"] = "arithmetic-2"
+    with pytest.raises(ConfigError) as raised:
+        validate(config, check_data=False, environ=environ)
+    wrong = [e for e in raised.value.errors if "must judge a model with its own generator" in e]
+    assert len(wrong) == 4, raised.value.errors  # each of the four models
+    assert wrong[0].startswith(
+        "tasks.arithmetic-unconditional.references: 'arithmetic-2', but 'ar-arith' is trained "
+        "on 'arithmetic-3' problems"
+    )

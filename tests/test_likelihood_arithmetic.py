@@ -293,7 +293,10 @@ MINI = {
     "train": {"steps": 8, "warmup_steps": 2, "hidden_size": 32, "batch_size": 8},
     "models": {
         "ar": {"family": "ar", "train": {}},
-        "ar-arith": {"family": "ar", "train": {"corpus": "arithmetic", "problems": 100}},
+        "ar-arith": {
+            "family": "ar",
+            "train": {"corpus": "arithmetic", "generator": "arithmetic-3", "problems": 100},
+        },
     },
     "tasks": {
         "likelihood-wikitext2": {"models": ["ar"], "limit": 8},
@@ -325,6 +328,16 @@ def test_likelihood_arithmetic_needs_a_model_trained_on_the_problems(data_dir):
         and "needs a model trained on the arithmetic problems" in error
         for error in raised.value.errors
     ), raised.value.errors
+    # a model trained on another grammar than the task's (the default arithmetic-2)
+    other = copy.deepcopy(MINI)
+    del other["models"]["ar-arith"]["train"]["generator"]
+    with pytest.raises(ConfigError) as raised:
+        validate(other, environ=environ)
+    assert raised.value.errors == [
+        "tasks.likelihood-arithmetic.generator: 'arithmetic-3', but 'ar-arith' is trained on "
+        "'arithmetic-2' problems (models.ar-arith.train.generator); likelihood-arithmetic must "
+        "judge a model with its own generator"
+    ]
 
 
 def test_the_plan_passes_the_problems_settings_to_arithmetic_only(data_dir):

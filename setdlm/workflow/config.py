@@ -399,6 +399,8 @@ def _task_errors(task: str, settings: dict, config: dict, published: dict) -> li
                     "needs a model trained on the arithmetic problems "
                     "(models.<name>.train.corpus: arithmetic)"
                 )
+            else:
+                errors += _generator_errors(where, task, settings, name, config)
         elif "checkpoint" in models[name] and domain not in models[name]["checkpoint"]:
             errors.append(
                 f"models.{name}.checkpoint: no {domain!r} checkpoint, which {where} needs"
@@ -423,6 +425,23 @@ def _task_errors(task: str, settings: dict, config: dict, published: dict) -> li
     if "evaluator" in settings:  # unconditional's and arithmetic-unconditional's
         errors += _evaluator_errors(f"{where}.evaluator", settings["evaluator"], models)
     return errors
+
+
+def _generator_errors(where: str, task: str, settings: dict, name: str, config: dict):
+    """An arithmetic task judges a model with the grammar it was trained on: the problems it
+    solves, scores or is told are novel come from the task's generator (arithmetic-
+    unconditional names it as its ``references``), so a model trained on another version
+    would be measured on problems it never learned the shape of."""
+    from setdlm.eval.arithmetic import GENERATOR_VERSION  # no torch: the grammars only
+
+    key = "references" if "references" in settings else "generator"
+    trained = train_settings(config, name).get("generator", GENERATOR_VERSION)
+    if settings[key] == trained:
+        return []
+    return [
+        f"{where}.{key}: {settings[key]!r}, but {name!r} is trained on {trained!r} problems "
+        f"(models.{name}.train.generator); {task} must judge a model with its own generator"
+    ]
 
 
 def _threshold_errors(where: str, thresholds: list[float]) -> list[str]:
