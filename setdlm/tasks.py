@@ -127,6 +127,44 @@ PAPER_TABLES: dict[str, PaperTable] = {
     )
 }
 
+
+def _infill(variant: str) -> TaskInfo:
+    """A ROCStories infilling task: ``variant`` (infill-1, infill-3) names its folder too."""
+    return TaskInfo(
+        name=variant,
+        kind="decoding",
+        field=f"rocstories-{variant}",
+        command="infill",
+        schema_node="infill",
+        domain="owt",
+        table="infill",
+        headline="rougeL",
+        variant=variant,
+        dataset="rocstories",
+        figure=FigureInfo(f"ROCStories {variant}", "ROUGE-L (F1 × 100)", 100.0),
+    )
+
+
+def _likelihood(
+    data: str, domain: str, dataset: str | None = None, unread: tuple[str, ...] = ()
+) -> TaskInfo:
+    """likelihood-<data>: the held-out NLL of ``data`` under ``domain``'s checkpoints."""
+    return TaskInfo(
+        name=LIKELIHOOD_PREFIX + data,
+        kind="likelihood",
+        field="likelihood",
+        command="likelihood",
+        schema_node="likelihood",
+        domain=domain,
+        table="likelihood",
+        headline="nll",
+        higher_is_better=False,
+        data=data,
+        dataset=dataset,
+        unread=unread,
+    )
+
+
 # The paper infills and samples with the OWT models, and scores each held-out set with its own
 # models; WikiText-2 has no published models, and the OWT ones (GPT-2 tokenizer) are the closest.
 TASKS: dict[str, TaskInfo] = {
@@ -157,32 +195,8 @@ TASKS: dict[str, TaskInfo] = {
             dataset="cnn_dailymail",
             figure=FigureInfo("CNN/DailyMail", "ROUGE-L (F1 × 100)", 100.0),
         ),
-        TaskInfo(
-            name="infill-1",
-            kind="decoding",
-            field="rocstories-infill-1",
-            command="infill",
-            schema_node="infill",
-            domain="owt",
-            table="infill",
-            headline="rougeL",
-            variant="infill-1",
-            dataset="rocstories",
-            figure=FigureInfo("ROCStories infill-1", "ROUGE-L (F1 × 100)", 100.0),
-        ),
-        TaskInfo(
-            name="infill-3",
-            kind="decoding",
-            field="rocstories-infill-3",
-            command="infill",
-            schema_node="infill",
-            domain="owt",
-            table="infill",
-            headline="rougeL",
-            variant="infill-3",
-            dataset="rocstories",
-            figure=FigureInfo("ROCStories infill-3", "ROUGE-L (F1 × 100)", 100.0),
-        ),
+        _infill("infill-1"),
+        _infill("infill-3"),
         TaskInfo(
             name="unconditional",
             kind="decoding",
@@ -242,61 +256,11 @@ TASKS: dict[str, TaskInfo] = {
                 100.0,
             ),
         ),
-        TaskInfo(
-            name="likelihood-wikitext2",
-            kind="likelihood",
-            field="likelihood",
-            command="likelihood",
-            schema_node="likelihood",
-            domain="owt",
-            table="likelihood",
-            headline="nll",
-            higher_is_better=False,
-            data="wikitext2",
-            dataset="wikitext2",
-            unread=ARITHMETIC_ONLY,
-        ),
-        TaskInfo(
-            name="likelihood-owt",
-            kind="likelihood",
-            field="likelihood",
-            command="likelihood",
-            schema_node="likelihood",
-            domain="owt",
-            table="likelihood",
-            headline="nll",
-            higher_is_better=False,
-            data="owt",
-            dataset="openwebtext",
-            unread=ARITHMETIC_ONLY,
-        ),
-        TaskInfo(
-            name="likelihood-lm1b",
-            kind="likelihood",
-            field="likelihood",
-            command="likelihood",
-            schema_node="likelihood",
-            domain="lm1b",
-            table="likelihood",
-            headline="nll",
-            higher_is_better=False,
-            data="lm1b",
-            dataset="lm1b",
-            unread=ARITHMETIC_ONLY,
-        ),
+        _likelihood("wikitext2", domain="owt", dataset="wikitext2", unread=ARITHMETIC_ONLY),
+        _likelihood("owt", domain="owt", dataset="openwebtext", unread=ARITHMETIC_ONLY),
+        _likelihood("lm1b", domain="lm1b", dataset="lm1b", unread=ARITHMETIC_ONLY),
         # the synthetic test problems, one per row (models trained on arithmetic)
-        TaskInfo(
-            name="likelihood-arithmetic",
-            kind="likelihood",
-            field="likelihood",
-            command="likelihood",
-            schema_node="likelihood",
-            domain=ARITHMETIC,
-            table="likelihood",
-            headline="nll",
-            higher_is_better=False,
-            data=ARITHMETIC,
-        ),
+        _likelihood(ARITHMETIC, domain=ARITHMETIC),
     )
 }
 TASK_NAMES = tuple(TASKS)  # the order of command-line choices, tables' rows and figures

@@ -253,12 +253,9 @@ def test_the_likelihood_table_shows_the_interval_and_what_each_row_measures(
 
 # ------------------------------------------------------------------ command line and workflow
 def _eval_parser():
-    from setdlm.eval.commands import add_parsers
-    from setdlm.util.errors import ArgumentParser
+    from setdlm.cli import build_parser
 
-    parser = ArgumentParser(prog="setdlm")
-    add_parsers(parser.add_subparsers(dest="command"))
-    return parser
+    return build_parser(only="eval")
 
 
 def test_the_command_line_takes_the_problems_settings(capsys):

@@ -21,12 +21,9 @@ def _schema_tasks() -> dict:
 
 def _eval_parsers() -> dict:
     """`setdlm eval`'s subcommand parsers, by command."""
-    from setdlm.eval.commands import add_parsers
-    from setdlm.util.errors import ArgumentParser
+    from setdlm.cli import build_parser
 
-    parser = ArgumentParser(prog="setdlm")
-    add_parsers(parser.add_subparsers(dest="command"))
-    evaluate = parser._subparsers._group_actions[0].choices["eval"]
+    evaluate = build_parser(only="eval")._subparsers._group_actions[0].choices["eval"]
     return evaluate._subparsers._group_actions[0].choices
 
 

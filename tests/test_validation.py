@@ -90,12 +90,9 @@ def test_the_rules_between_settings_say_the_same_for_both():
 
 # ------------------------------------------------- one definition per task setting
 def _eval_parser():
-    from setdlm.eval.commands import add_parsers
-    from setdlm.util.errors import ArgumentParser
+    from setdlm.cli import build_parser
 
-    parser = ArgumentParser(prog="setdlm")
-    add_parsers(parser.add_subparsers(dest="command"))
-    return parser
+    return build_parser(only="eval")
 
 
 @pytest.mark.parametrize(

@@ -7,20 +7,9 @@ from setdlm.util.validation import output_path
 
 
 def _add_eval_arguments(parser) -> None:
-    from setdlm.eval.commands import add_parsers  # imports torch: only when `eval` is parsed
+    from setdlm.eval.commands import add_arguments  # imports torch: only when `eval` is parsed
 
-    add_parsers(_Given(parser))
-
-
-class _Given:
-    """What eval/commands.py's ``add_parsers`` adds its ``eval`` parser to: it is given the
-    parser already made for the command (its help line is EVAL's)."""
-
-    def __init__(self, parser) -> None:
-        self.parser = parser
-
-    def add_parser(self, name: str, **_):
-        return self.parser
+    add_arguments(parser)
 
 
 def _eval(args) -> int:

@@ -35,8 +35,9 @@ from setdlm.util.validation import (
 )
 
 
-def add_parsers(commands) -> None:
-    evaluate = commands.add_parser("eval", help="evaluation runs (quality and speed)")
+def add_arguments(evaluate) -> None:
+    """``setdlm eval``'s arguments: one subcommand per evaluation command, its options from
+    its schema node (setdlm/tasks.py COMMAND_NODES)."""
     tasks = evaluate.add_subparsers(dest="task", required=True)
     parsers = {
         name: tasks.add_parser(name, help=help_text)
