@@ -53,6 +53,17 @@ class PaperTable:
     name: str
     stem: str  # its files: <tables>/<stem>.{md,csv,tex} (and <stem>_seeds.* with seeds)
     claims: bool = False  # written with the claims table (setdlm/report/claims.py)
+    # Tasks of other tables whose points its claims compare too (its job waits for them).
+    claims_also: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FigureQuality:
+    """A further row of a task's figure: another quality against the same two speed axes."""
+
+    metric: str  # its name in metrics.json
+    label: str  # the axis label
+    scale: float = 1.0  # shown value = metrics.json value × scale
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,7 @@ class FigureInfo:
     title: str
     label: str  # the quality axis (the task's headline quality)
     scale: float = 1.0  # shown value = metrics.json value × scale
+    more: tuple[FigureQuality, ...] = ()  # further rows, below the headline's
 
 
 @dataclass(frozen=True)
@@ -122,7 +134,12 @@ PAPER_TABLES: dict[str, PaperTable] = {
         PaperTable("infill", "rocstories_infill"),
         PaperTable("unconditional", "unconditional"),
         PaperTable("likelihood", "likelihood"),
-        PaperTable("arithmetic", "arithmetic_pareto", claims=True),
+        PaperTable(
+            "arithmetic",
+            "arithmetic_pareto",
+            claims=True,
+            claims_also=("arithmetic-unconditional",),
+        ),
         PaperTable("arithmetic_unconditional", "arithmetic_unconditional"),
     )
 }
@@ -254,6 +271,8 @@ TASKS: dict[str, TaskInfo] = {
                 "Synthetic arithmetic (whole problems sampled from BOS)",
                 "correct samples (%)",
                 100.0,
+                # the paper's unconditional figure plots MAUVE against parallelism
+                more=(FigureQuality("mauve", "MAUVE (offline featurizer)"),),
             ),
         ),
         _likelihood("wikitext2", domain="owt", dataset="wikitext2", unread=ARITHMETIC_ONLY),

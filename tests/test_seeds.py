@@ -1,6 +1,7 @@
 """Seeds as an axis: a point's per-seed results aggregated with a two-level bootstrap, the
-paired claims and their verdicts, the learning curves, and the training probe that records
-them without changing a weight. Synthetic result folders in the layout; no model is trained."""
+paired claims and their verdicts, whether a table's intervals separate anything, the learning
+curves, and the training probe that records them without changing a weight. Synthetic result
+folders in the layout; no model is trained."""
 
 from __future__ import annotations
 
@@ -12,28 +13,42 @@ import pytest
 
 from setdlm.eval import seeds
 from setdlm.report import claims, curves
+from setdlm.report.separation import NO_SEPARATION, separation_notes
 from setdlm.results.reader import load_results
+from setdlm.tasks import task as task_info
 
 PROBLEMS = 120
 
 
-def _write_seed(point: Path, seed: int, solved: list[int], family: str, tau: float, **speed):
-    """One seed's result of an arithmetic-solve point: samples.jsonl and metrics.json."""
+SOLVE_SCORES = ("strict_match", "flexible_extract")
+
+
+def _write_seed(
+    point: Path,
+    seed: int,
+    solved: list[int],
+    family: str,
+    tau: float,
+    scores=SOLVE_SCORES,
+    **speed,
+):
+    """One seed's result of an arithmetic point (the task: the point's folder's parent's
+    parent): samples.jsonl and metrics.json, each sample 1 or 0 in every one of ``scores``."""
     folder = point / f"seed-{seed}"
     folder.mkdir(parents=True)
     records = [
-        {"id": f"test-{i:03d}", "scores": {"strict_match": float(s), "flexible_extract": float(s)}}
+        {"id": f"test-{i:03d}", "scores": {name: float(s) for name in scores}}
         for i, s in enumerate(solved)
     ]
     (folder / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     value = sum(solved) / len(solved)
     size = {"setdlm": {"schedule": {"d": 4, "M": 8}}, "bd3lm": {"block_size": 4}}.get(family, {})
     metrics = {
-        "task": "arithmetic-solve",
+        "task": task_info(point.parent.parent.name).field,
         "examples": len(solved),
         "quality": {
             name: {"value": value, "bootstrap_95": [value - 0.05, value + 0.05], "definition": "x"}
-            for name in ("strict_match", "flexible_extract")
+            for name in scores
         },
         "speed": {"parallelism_mean": 1.0, "nfe_mean": 20.0, **speed},
         "config": {
@@ -50,8 +65,8 @@ def _solved(rate: float, rng) -> list[int]:
     return [int(x) for x in rng.random(PROBLEMS) < rate]
 
 
-def _point(run: Path, model: str, tau: float) -> Path:
-    return run / "arithmetic-solve" / model / f"tau-{tau:g}"
+def _point(run: Path, model: str, tau: float, task: str = "arithmetic-solve") -> Path:
+    return run / task / model / f"tau-{tau:g}"
 
 
 # ---------------------------------------------------------------------- the two-level bootstrap
@@ -112,8 +127,11 @@ def test_seeds_of_different_evaluations_are_refused_naming_the_folder(tmp_path):
 
 
 # ------------------------------------------------------------------------------- the claims
-def _run_with_pair(tmp_path: Path, setdlm_rates, bd3lm_rates) -> Path:
-    """A run of SetDLM-smax8 and BD3LM-s4 on arithmetic-solve at τ = 1e6 and 0.5, three seeds."""
+def _run_with_pair(
+    tmp_path: Path, setdlm_rates, bd3lm_rates, task="arithmetic-solve", scores=SOLVE_SCORES
+) -> Path:
+    """A run of SetDLM-smax8 and BD3LM-s4 on an arithmetic task at τ = 1e6 and 0.5 (parallelism
+    1 and 3), three seeds."""
     run = tmp_path / "runs" / "pair"
     rng = np.random.default_rng(4)
     for model, family, rates in (
@@ -121,10 +139,14 @@ def _run_with_pair(tmp_path: Path, setdlm_rates, bd3lm_rates) -> Path:
         ("bd3lm-s4-arith", "bd3lm", bd3lm_rates),
     ):
         for tau, rate, parallelism in ((1e6, rates[0], 1.0), (0.5, rates[1], 3.0)):
-            point = _point(run, model, tau)
+            point = _point(run, model, tau, task)
             for seed in range(3):
                 solved = _solved(rate, rng)
-                _write_seed(point, seed, solved, family, tau, parallelism_mean=parallelism)
+                speed = {
+                    "parallelism_mean": parallelism,
+                    "tokens_per_second_mean": 50 * parallelism,
+                }
+                _write_seed(point, seed, solved, family, tau, scores, **speed)
             seeds.aggregate(point)
     return run
 
@@ -137,8 +159,9 @@ def test_a_claim_holds_only_when_its_paired_interval_excludes_zero_on_the_papers
     assert equal_tau.verdict == claims.HOLDS and equal_tau.low > 0
     assert equal_tau.seeds == 3 and equal_tau.examples == PROBLEMS
     assert by_claim["accuracy at equal parallelism 2 tokens/step: SetDLM higher"].verdict == "holds"
-    lost = by_claim["accuracy lost from τ = 1e6 to parallelism >= 2: SetDLM loses less"]
-    assert lost.verdict == claims.HOLDS  # BD3LM loses 30 points, SetDLM 5
+    lost = by_claim["accuracy lost from τ = 1e6 to parallelism 2: SetDLM loses less"]
+    # each curve halfway to its τ = 0.5 point (parallelism 3): BD3LM loses 15 points, SetDLM 2.5
+    assert lost.verdict == claims.HOLDS and lost.difference == pytest.approx(0.125, abs=0.06)
 
     reversed_run = _run_with_pair(tmp_path / "r", setdlm_rates=(0.3, 0.2), bd3lm_rates=(0.9, 0.8))
     verdicts = {c.verdict for c in claims.build_claims(load_results(reversed_run))}
@@ -151,6 +174,66 @@ def test_equal_models_give_no_evidence_either_way(tmp_path):
     assert equal_tau and {c.verdict for c in equal_tau} == {claims.NO_EVIDENCE}
     table = claims.claims_table(load_results(run))
     assert table.rows and all(row["verdict"] for row in table.rows)
+
+
+def test_the_unconditional_samples_have_claims_of_their_own(tmp_path):
+    """The share of correct sampled problems, compared like the solve accuracy: SetDLM keeps
+    its samples correct as τ falls, BD3LM's fall apart (the paper's unconditional claim)."""
+    run = _run_with_pair(
+        tmp_path,
+        setdlm_rates=(0.85, 0.8),
+        bd3lm_rates=(0.85, 0.3),
+        task=claims.UNCONDITIONAL,
+        scores=("correct", "valid"),
+    )
+    by_claim = {c.claim: c for c in claims.build_claims(load_results(run))}
+    assert by_claim["correct sampled problems at equal τ = 1e6: SetDLM higher"].verdict == (
+        claims.NO_EVIDENCE
+    )
+    assert by_claim["correct sampled problems at equal τ = 0.5: SetDLM higher"].verdict == (
+        claims.HOLDS
+    )
+    assert {
+        f"correct sampled problems at equal parallelism {level} tokens/step: SetDLM higher"
+        for level in ("1.5", "2")
+    } <= set(by_claim)
+    lost = by_claim[
+        "correct sampled problems lost from τ = 1e6 to parallelism 2: SetDLM loses less"
+    ]
+    assert lost.verdict == claims.HOLDS and "share of samples" in lost.comparison
+    assert not any(c.claim.startswith("accuracy") for c in by_claim.values())  # no solve points
+
+
+def test_the_unconditional_figure_draws_mauve_under_correctness(tmp_path):
+    """The paper's unconditional figure: a second row of panels, MAUVE against the same speed
+    axes, a curve per family with its seeds' mean."""
+    from setdlm.report.figures import FIGURES, draw
+
+    run = _run_with_pair(
+        tmp_path, (0.85, 0.8), (0.85, 0.3), claims.UNCONDITIONAL, ("correct", "mauve")
+    )
+    figure = draw(FIGURES[claims.UNCONDITIONAL], load_results(run))
+    labels = [ax.get_ylabel() for ax in figure.axes]
+    assert len(figure.axes) == 4
+    assert labels[0] == "correct samples (%)" and labels[2] == "MAUVE (offline featurizer)"
+    for ax in figure.axes:  # two families, each a bold mean over faint per-seed lines
+        assert len(ax.get_lines()) >= 2 * (1 + 3)
+    assert FIGURES["arithmetic-solve"].rows == (FIGURES["arithmetic-solve"],)
+
+
+# ------------------------------------------------------------------------- separation notes
+def test_a_table_whose_intervals_all_overlap_says_no_separation(tmp_path):
+    same = load_results(_run_with_pair(tmp_path, (0.6, 0.6), (0.6, 0.6)))
+    [note] = separation_notes(same.points)
+    assert note.startswith("Separation (arithmetic-solve, strict_match") and NO_SEPARATION in note
+    assert "rank neither the families nor the τ values" in note
+
+    apart = load_results(_run_with_pair(tmp_path / "b", (0.9, 0.85), (0.9, 0.2)))
+    [note] = separation_notes(apart.points)
+    # the curves separate at τ = 0.5 (the ±5-point intervals of the synthetic points), BD3LM
+    # also within its own sweep, SetDLM not
+    assert "1 of 1 pairs separate" in note and "bd3lm-s4-arith (τ 1e6 vs 0.5)" in note
+    assert f"{NO_SEPARATION} within: setdlm-smax8-arith" in note
 
 
 def test_claims_verdict_reads_the_interval():

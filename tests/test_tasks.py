@@ -153,6 +153,10 @@ def test_every_paper_table_is_built_from_its_rows():
         assert spec.tasks, f"table {name} has no task"
     claims = [name for name, table in PAPER_TABLES.items() if table.claims]
     assert claims == ["arithmetic"]
+    # its claims compare the unconditional samples too: the table's job waits for them
+    assert PAPER_TABLES["arithmetic"].claims_also == ("arithmetic-unconditional",)
+    for table in PAPER_TABLES.values():
+        assert all(task(name).table != table.name for name in table.claims_also)
     # each decoding task's headline is a column of its table
     for info in ROWS:
         if info.decoding:
@@ -167,10 +171,11 @@ def test_every_decoding_task_has_its_figure_of_its_headline():
     for name, spec in figures.FIGURES.items():
         info = task(name)
         assert (spec.task, spec.metric) == (name, info.headline)
-        assert (spec.title, spec.label, spec.scale) == (
+        assert (spec.title, spec.label, spec.scale, spec.more) == (
             info.figure.title,
             info.figure.label,
             info.figure.scale,
+            info.figure.more,
         )
 
 

@@ -1,10 +1,12 @@
 """The paper's comparisons in miniature, each a paired difference with a verdict.
 
-For a run's arithmetic points, each claim is a difference of accuracies with the paper's
+For a run's arithmetic points, each claim is a difference of a quality (the solve task's
+accuracy, the share of correct problems among the unconditional samples) with the paper's
 expected sign, computed on paired resamples: every point of a task is resampled with the same
 seed indices and the same example indices (setdlm/eval/seeds.py ``two_level_resamples`` with
 one rng seed), so the difference's 95 % interval is that of a paired comparison (same training
-seeds, same problems). The verdict:
+seeds, same problems; unconditional samples are independent draws, so there the same indices
+only resample two independent sets). The verdict:
 
 - "holds": the interval excludes 0 on the paper's side;
 - "reversed": the interval excludes 0 on the other side;
@@ -13,11 +15,12 @@ seeds, same problems). The verdict:
 SetDLM-smax2S is compared with BD3LM-S (the paper's pairing, SPEC 3.7), with each family's own
 decoding policy:
 
-1. accuracy at equal τ, for every τ both decoded (paper: SetDLM >= BD3LM);
-2. accuracy at equal parallelism (2 and 3 tokens per step), each curve interpolated linearly
-   between its two points around that parallelism (paper: SetDLM higher);
-3. the accuracy each loses from τ = 1e6 to its first τ whose parallelism reaches 2 (paper:
-   SetDLM loses less, so BD3LM's loss minus SetDLM's is positive);
+1. the quality at equal τ, for every τ both decoded (paper: SetDLM >= BD3LM);
+2. the quality at equal parallelism (solve: 2 and 3 tokens per step; unconditional, whose
+   sweep stops near 2.3: 1.5 and 2), each curve interpolated linearly between its two points
+   around that parallelism (paper: SetDLM higher);
+3. the quality each loses from τ = 1e6 to parallelism 2 (interpolated as in 2; paper: SetDLM
+   loses less as τ falls, so BD3LM's loss minus SetDLM's is positive);
 4. infilling a masked step at τ = 1e6 (exact match; paper, ROCStories: SetDLM higher).
 """
 
@@ -32,9 +35,32 @@ from setdlm.eval.seeds import interval, per_example_scores, seed_folders, two_le
 from setdlm.report.table import Column, Table, format_tau
 from setdlm.results.reader import ResultPoint, Results
 
-SOLVE, INFILL = "arithmetic-solve", "arithmetic-infill"
-PARALLELISM_LEVELS = (2.0, 3.0)
+SOLVE, INFILL, UNCONDITIONAL = "arithmetic-solve", "arithmetic-infill", "arithmetic-unconditional"
+LOSS_LEVEL = 2.0  # claim 3: the quality lost by the time a curve commits 2 tokens per step
 HOLDS, REVERSED, NO_EVIDENCE = "holds", "reversed", "no evidence"
+
+
+@dataclass(frozen=True)
+class ClaimSet:
+    """Claims 1-3 on one decoding task: its per-example quality and how the rows name it."""
+
+    task: str
+    metric: str  # a per-example score of its samples.jsonl
+    quality: str  # the claim's words for it
+    detail: str  # the comparison's words for it
+    levels: tuple[float, ...]  # claim 2's parallelism levels, inside both sweeps' range
+
+
+CLAIM_SETS = (
+    ClaimSet(SOLVE, "strict_match", "accuracy", "strict match", (2.0, 3.0)),
+    ClaimSet(
+        UNCONDITIONAL,
+        "correct",
+        "correct sampled problems",
+        "share of samples that are correct problems",
+        (1.5, 2.0),
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -92,11 +118,12 @@ def _tag(model: str) -> str:
 
 def build_claims(results: Results) -> list[Claim]:
     claims = []
-    for setdlm, bd3lm in pairs(results, SOLVE):
-        name = f"{setdlm[0].model} vs {bd3lm[0].model}"
-        claims += _equal_tau(setdlm, bd3lm, name)
-        claims += _equal_parallelism(setdlm, bd3lm, name)
-        claims += _loss_to_parallelism_2(setdlm, bd3lm, name)
+    for claim_set in CLAIM_SETS:
+        for setdlm, bd3lm in pairs(results, claim_set.task):
+            name = f"{setdlm[0].model} vs {bd3lm[0].model}"
+            claims += _equal_tau(setdlm, bd3lm, name, claim_set)
+            claims += _equal_parallelism(setdlm, bd3lm, name, claim_set)
+            claims += _loss_to_parallelism(setdlm, bd3lm, name, claim_set)
     for setdlm, bd3lm in pairs(results, INFILL):
         ours = _by_tau(setdlm).get(1e6)
         theirs = _by_tau(bd3lm).get(1e6)
@@ -123,26 +150,27 @@ def _difference(claim: str, comparison: str, ours, theirs, metric="strict_match"
     return [Claim(claim, comparison, a[1] - b[1], low, high, a[2], a[3])]
 
 
-def _equal_tau(setdlm, bd3lm, name: str) -> list[Claim]:
+def _equal_tau(setdlm, bd3lm, name: str, claim_set: ClaimSet) -> list[Claim]:
     ours, theirs = _by_tau(setdlm), _by_tau(bd3lm)
     claims = []
     for tau in sorted(set(ours) & set(theirs), reverse=True):
         claims += _difference(
-            f"accuracy at equal τ = {format_tau(tau)}: SetDLM higher",
-            f"{name}, strict match",
+            f"{claim_set.quality} at equal τ = {format_tau(tau)}: SetDLM higher",
+            f"{name}, {claim_set.detail}",
             ours[tau],
             theirs[tau],
+            claim_set.metric,
         )
     return claims
 
 
-def _curve(points: list[ResultPoint]):
-    """(parallelism (P,), resamples (P, R), estimates (P,)) of a model's points, by
+def _curve(points: list[ResultPoint], metric: str):
+    """[(parallelism, resamples (R,), estimate, seeds, examples)] of a model's points, by
     parallelism; None when a point has no per-example scores."""
     rows = []
     for point in points:
         parallelism = point.speed("parallelism_mean")
-        drawn = resampled(point, "strict_match")
+        drawn = resampled(point, metric)
         if parallelism is None or drawn is None:
             return None
         rows.append((parallelism, drawn[0], drawn[1], drawn[2], drawn[3]))
@@ -159,20 +187,20 @@ def _at(rows, level: float):
     return None
 
 
-def _equal_parallelism(setdlm, bd3lm, name: str) -> list[Claim]:
-    ours, theirs = _curve(setdlm), _curve(bd3lm)
+def _equal_parallelism(setdlm, bd3lm, name: str, claim_set: ClaimSet) -> list[Claim]:
+    ours, theirs = _curve(setdlm, claim_set.metric), _curve(bd3lm, claim_set.metric)
     if not ours or not theirs:
         return []
     claims = []
-    for level in PARALLELISM_LEVELS:
+    for level in claim_set.levels:
         a, b = _at(ours, level), _at(theirs, level)
         if a is None or b is None or a[0].shape != b[0].shape:
             continue
         low, high = interval(a[0] - b[0])
         claims.append(
             Claim(
-                f"accuracy at equal parallelism {level:g} tokens/step: SetDLM higher",
-                f"{name}, strict match interpolated between τ points",
+                f"{claim_set.quality} at equal parallelism {level:g} tokens/step: SetDLM higher",
+                f"{name}, {claim_set.detail} interpolated between τ points",
                 a[1] - b[1],
                 low,
                 high,
@@ -183,17 +211,18 @@ def _equal_parallelism(setdlm, bd3lm, name: str) -> list[Claim]:
     return claims
 
 
-def _loss_to_parallelism_2(setdlm, bd3lm, name: str) -> list[Claim]:
+def _loss_to_parallelism(setdlm, bd3lm, name: str, claim_set: ClaimSet) -> list[Claim]:
     def loss(points):
-        by_tau = _by_tau(points)
-        start = by_tau.get(1e6)
-        fast = [p for p in sorted(points, key=lambda p: -p.tau) if p.speed("parallelism_mean") >= 2]
-        if start is None or not fast:
+        """(resamples (R,), estimate, seeds, examples) of the quality lost from τ = 1e6 to
+        LOSS_LEVEL tokens per step, the curve interpolated there."""
+        start = _by_tau(points).get(1e6)
+        curve = _curve(points, claim_set.metric)
+        if start is None or not curve:
             return None
-        a, b = resampled(start, "strict_match"), resampled(fast[0], "strict_match")
-        if a is None or b is None:
+        at_start, at_level = resampled(start, claim_set.metric), _at(curve, LOSS_LEVEL)
+        if at_start is None or at_level is None:
             return None
-        return a[0] - b[0], a[1] - b[1], fast[0], a[2], a[3]
+        return at_start[0] - at_level[0], at_start[1] - at_level[1], at_start[2], at_start[3]
 
     ours, theirs = loss(setdlm), loss(bd3lm)
     if ours is None or theirs is None or ours[0].shape != theirs[0].shape:
@@ -201,15 +230,15 @@ def _loss_to_parallelism_2(setdlm, bd3lm, name: str) -> list[Claim]:
     low, high = interval(theirs[0] - ours[0])
     return [
         Claim(
-            "accuracy lost from τ = 1e6 to parallelism >= 2: SetDLM loses less",
-            f"{name}: BD3LM's loss (to τ = {format_tau(theirs[2].tau)}: "
-            f"{100 * theirs[1]:.1f} pp) − SetDLM's (to τ = {format_tau(ours[2].tau)}: "
-            f"{100 * ours[1]:.1f} pp)",
+            f"{claim_set.quality} lost from τ = 1e6 to parallelism {LOSS_LEVEL:g}: "
+            "SetDLM loses less",
+            f"{name}, {claim_set.detail}: BD3LM's loss ({100 * theirs[1]:.1f} pp) − SetDLM's "
+            f"({100 * ours[1]:.1f} pp), each curve interpolated at {LOSS_LEVEL:g} tokens/step",
             theirs[1] - ours[1],
             low,
             high,
+            ours[2],
             ours[3],
-            ours[4],
         )
     ]
 
@@ -232,11 +261,13 @@ def claims_table(results: Results) -> Table:
     ]
     seeds = sorted({c.seeds for c in claims})
     notes = [
-        "Each row: a difference of accuracies in percentage points (the paper's expected side "
+        "Each row: a difference of accuracies (solve, infill: % of test problems; unconditional: "
+        "% of samples that are correct problems) in percentage points (the paper's expected side "
         "positive) with its paired 95 % interval: 2000 seeded resamples of the training seeds, "
-        "then of the problems within each seed, the same indices for both sides (same seeds, "
-        "same problems). holds: the interval excludes 0 on the paper's side; reversed: it "
-        "excludes 0 on the other side; no evidence: it contains 0.",
+        "then of the examples within each seed, the same indices for both sides (same seeds, "
+        "same problems; the unconditional samples are independent draws). holds: the interval "
+        "excludes 0 on the paper's side; reversed: it excludes 0 on the other side; no "
+        "evidence: it contains 0.",
         "Models: SetDLM-smax2S against BD3LM-S (the paper's pairing), each with its own "
         "decoding policy; tiny CPU models on the synthetic arithmetic task, so these are the "
         "paper's comparisons in miniature, not its numbers (setdlm/report/claims.py).",
@@ -249,7 +280,8 @@ def claims_table(results: Results) -> Table:
     if not claims:
         notes.append(
             "No claim could be computed: the run has no SetDLM-smax2S and BD3LM-S pair on "
-            "arithmetic-solve or arithmetic-infill with per-example scores."
+            "arithmetic-solve, arithmetic-infill or arithmetic-unconditional with per-example "
+            "scores."
         )
     return Table(
         CLAIMS_KEY,
@@ -260,7 +292,7 @@ def claims_table(results: Results) -> Table:
             Column("difference", "difference (pp) [95 % interval]", 1, ranged=True),
             Column("verdict", "verdict"),
             Column("seeds", "seeds", 0),
-            Column("examples", "problems", 0),
+            Column("examples", "examples per seed", 0),
         ],
         rows,
         notes,
@@ -269,4 +301,4 @@ def claims_table(results: Results) -> Table:
 
 def has_claims(run_dir: Path) -> bool:
     """Whether a run folder holds arithmetic results (the claims table's input)."""
-    return any((run_dir / task).is_dir() for task in (SOLVE, INFILL))
+    return any((run_dir / task).is_dir() for task in (SOLVE, INFILL, UNCONDITIONAL))

@@ -1,7 +1,9 @@
 """Speed-quality Pareto figures, one per decoding task, from the result files of one run.
 
 Each figure has two panels with the same quality axis (GSM8K accuracy, ROUGE-L, MAUVE): against
-tokens per second and against the parallelism factor (tokens committed per step). One curve
+tokens per second and against the parallelism factor (tokens committed per step); a task that
+names further qualities in its figure row (setdlm/tasks.py: the sampled arithmetic problems'
+MAUVE under their correctness) gets one more such pair of panels per quality. One curve
 per family and size, its points in sweep order (τ from large to small), each with its 95 %
 bootstrap interval as an error bar where the evaluation recorded one, and its τ beside it
 unless that label would overprint another (the tables list every τ). A model trained once per
@@ -34,7 +36,7 @@ from setdlm.families import policy as policy_info
 from setdlm.report import paper_numbers
 from setdlm.report.table import format_tau, hardware_summary
 from setdlm.results.reader import ResultPoint, Results
-from setdlm.tasks import TASKS
+from setdlm.tasks import TASKS, FigureQuality
 from setdlm.util.files import atomic_write_bytes
 
 
@@ -45,11 +47,24 @@ class FigureSpec:
     metric: str  # quality name in metrics.json
     label: str
     scale: float = 1.0
+    more: tuple[FigureQuality, ...] = ()  # further rows of panels, one quality each
+
+    @property
+    def rows(self) -> tuple:
+        """Each row's quality (metric, label, scale): the headline's first."""
+        return (self, *self.more)
 
 
 # One per decoding task, from its row of setdlm/tasks.py: the headline quality on the y axis.
 FIGURES = {
-    name: FigureSpec(name, info.figure.title, info.headline, info.figure.label, info.figure.scale)
+    name: FigureSpec(
+        name,
+        info.figure.title,
+        info.headline,
+        info.figure.label,
+        info.figure.scale,
+        info.figure.more,
+    )
     for name, info in TASKS.items()
     if info.figure is not None
 }
@@ -90,7 +105,8 @@ class Curve:
         return family_info(self.family).colour(self.size)
 
 
-def our_curves(points: list[ResultPoint], spec: FigureSpec) -> list[Curve]:
+def our_curves(points: list[ResultPoint], spec: FigureSpec | FigureQuality) -> list[Curve]:
+    """Our curves of one quality (``spec.metric`` × ``spec.scale``) against speed."""
     curves: dict[tuple, Curve] = {}
     for point in points:  # already in family, size, policy, τ order
         value = point.quality(spec.metric)
@@ -113,7 +129,7 @@ def our_curves(points: list[ResultPoint], spec: FigureSpec) -> list[Curve]:
     return list(curves.values())
 
 
-def _seed_point(seed: dict, spec: FigureSpec) -> dict:
+def _seed_point(seed: dict, spec: FigureSpec | FigureQuality) -> dict:
     """One training seed's point: its own quality and speed (a faint line of its own)."""
     value = (seed.get("quality") or {}).get(spec.metric)
     speed = seed.get("speed") or {}
@@ -151,29 +167,37 @@ def published_curves(task: str, points: list[ResultPoint]) -> list[Curve]:
     ]
 
 
-def draw(spec: FigureSpec, results: Results) -> Figure:
-    points = results.for_task(spec.task)
-    curves = our_curves(points, spec) + published_curves(spec.task, points)
-    curves.sort(
+def _sorted(curves: list[Curve]) -> list[Curve]:
+    return sorted(
+        curves,
         key=lambda c: (
             FAMILY_NAMES.index(c.family),
             c.size or 0,
             c.published,
             (c.policy is not None, c.policy or ""),
-        )
+        ),
     )
-    figure = Figure(figsize=(11, 4.4))
-    axes = figure.subplots(1, 2, sharey=True)
-    for ax, (x_key, x_label) in zip(axes, X_AXES, strict=True):
-        drawn = sum(_draw_curve(ax, curve, x_key) for curve in curves)
-        _label_points(ax, curves, x_key)
-        ax.set_xlabel(x_label)
-        ax.grid(True, alpha=0.3)
-        if not drawn:
-            ax.text(0.5, 0.5, "no finished results", transform=ax.transAxes, ha="center")
-    axes[0].set_ylabel(spec.label)
-    if any(c.points for c in curves):
-        axes[1].legend(fontsize=7, loc="best")
+
+
+def draw(spec: FigureSpec, results: Results) -> Figure:
+    points = results.for_task(spec.task)
+    figure = Figure(figsize=(11, 4.4 if len(spec.rows) == 1 else 4.0 * len(spec.rows) + 0.4))
+    grid = figure.subplots(len(spec.rows), 2, sharey="row", squeeze=False)
+    for row, (quality, axes) in enumerate(zip(spec.rows, grid, strict=True)):
+        curves = our_curves(points, quality)
+        if row == 0:  # the published points are of the headline quality
+            curves += published_curves(spec.task, points)
+        curves = _sorted(curves)
+        for ax, (x_key, x_label) in zip(axes, X_AXES, strict=True):
+            drawn = sum(_draw_curve(ax, curve, x_key) for curve in curves)
+            _label_points(ax, curves, x_key)
+            ax.set_xlabel(x_label)
+            ax.grid(True, alpha=0.3)
+            if not drawn:
+                ax.text(0.5, 0.5, "no finished results", transform=ax.transAxes, ha="center")
+        axes[0].set_ylabel(quality.label)
+        if row == 0 and any(c.points for c in curves):
+            axes[1].legend(fontsize=7, loc="best")
     figure.suptitle(f"{spec.title}: quality against speed (run '{results.name}')")
     figure.text(0.01, 0.01, _footer(points, spec.task), fontsize=7, color="dimgray")
     figure.tight_layout(rect=(0, 0.04, 1, 1))

@@ -19,6 +19,7 @@ from setdlm.families import family as family_info
 from setdlm.families import policy as policy_info
 from setdlm.report import paper_numbers
 from setdlm.report.aup import ALPHA, aup
+from setdlm.report.separation import separation_notes
 from setdlm.report.table import (
     Column,
     Table,
@@ -376,7 +377,8 @@ def decoding_table(spec: TableSpec, results: Results) -> Table:
     )
     rows = [_decoding_row(p, spec) for p in points]
     notes = [spec.units, interval_note(points), SPEED_NOTE, *_result_notes(points, spec, results)]
-    notes += [*policy_notes(points), *aup_notes(points), NO_PUBLISHED]
+    notes += [*policy_notes(points), *aup_notes(points), *separation_notes(points)]
+    notes.append(NO_PUBLISHED)
     return Table(spec.key, spec.title, columns, rows, notes)
 
 
@@ -546,6 +548,7 @@ def gsm8k_table(results: Results) -> Table:
         SPEED_NOTE,
         *_result_notes(points, GSM8K, results),
         *policy_notes(points),
+        *separation_notes(points),
         f"Published numbers: {paper_numbers.PROVENANCE}. Matched by family, size and τ (AR: its "
         "one point). BD3LM's τ were not recorded: they are presumed to follow the sweep "
         f"({', '.join(format_tau(t) for t in paper_numbers.GSM8K_TAUS)}) in order "
@@ -569,6 +572,7 @@ def _gsm8k_table_without_published(results: Results, points, reasons: dict) -> T
         SPEED_NOTE,
         *_result_notes(points, GSM8K, results),
         *policy_notes(points),
+        *separation_notes(points),
         f"Not comparable with the published numbers ({paper_numbers.PROVENANCE}): {why}. "
         "No Δ is shown; the published points are compared only where the configuration is "
         "the published one.",
@@ -659,7 +663,8 @@ def likelihood_table(results: Results) -> Table:
         notes.append(f"{LIKELIHOOD_ARITHMETIC} ({problems}).")
     if any(p.interval("nll") is not None for p in points):
         notes += [interval_note(points), LIKELIHOOD_INTERVAL]
-    notes += [*_result_notes(points, LIKELIHOOD, results), NO_PUBLISHED]
+    notes += [*_result_notes(points, LIKELIHOOD, results), *separation_notes(points)]
+    notes.append(NO_PUBLISHED)
     return Table(LIKELIHOOD.key, LIKELIHOOD.title, columns, rows, notes)
 
 

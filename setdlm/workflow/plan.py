@@ -28,6 +28,7 @@ from setdlm.results.layout import (
     run_dir,
     table_files,
 )
+from setdlm.tasks import paper_table
 from setdlm.tasks import task as task_info
 from setdlm.util.git import head_commit
 from setdlm.util.validation import task_settings
@@ -190,6 +191,13 @@ class Plan:
             for table, tasks in TABLES.items()
             if any(task in configured for task in tasks)
         }
+
+    def table_inputs(self, table: str) -> tuple[str, ...]:
+        """The configured tasks whose results a table's job reads: its own, and those its
+        claims compare too (the arithmetic claims read the unconditional samples)."""
+        configured = self.config["tasks"]
+        also = [task for task in paper_table(table).claims_also if task in configured]
+        return self.tables()[table] + tuple(also)
 
     def table_files(self, table: str) -> list[str]:
         seeded = set(self.seeded_models())

@@ -35,12 +35,12 @@ for _table in layout.TABLES:
             name:
                 f"table_{_table}"
             input:
-                PLAN.all_metrics(PLAN.tables()[_table]),
+                PLAN.all_metrics(PLAN.table_inputs(_table)),
             output:
                 [ensure(path, non_empty=True) for path in PLAN.table_files(_table)],
             params:
                 table=_table,
-                config_hash=digest([TABLES, PLAN.tables()[_table]]),
+                config_hash=digest([TABLES, PLAN.table_inputs(_table)]),
                 code_version=CODE_VERSION,
             log:
                 f"{RUN}/logs/table_{_table}.log",
