@@ -47,7 +47,8 @@ class FigureSpec:
     scale: float = 1.0
 
 
-# One per decoding task, from its row of setdlm/tasks.py: the headline quality on the y axis.
+# One per decoding task, from its row of setdlm/tasks/__init__.py: the headline quality on the y
+# axis.
 FIGURES = {
     name: FigureSpec(name, info.figure.title, info.headline, info.figure.label, info.figure.scale)
     for name, info in TASKS.items()
