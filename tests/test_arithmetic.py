@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from setdlm.eval import arithmetic, gsm8k
+from setdlm.tasks import arithmetic, gsm8k
 
 STEP = re.compile(r"^(\d+) ([+\-*]) (\d+) = (\d+)$")
 
@@ -74,7 +74,7 @@ def test_infilling_masks_one_middle_step():
 def test_the_task_decodes_solutions_and_scores_infilled_steps(trained_arith_free_model):
     """Examples of both variants on a random-weight model: the prompt is BOS + question + newline
     (solve), the infilling input masks exactly the step's tokens, and the scores read the step."""
-    from setdlm.eval.arithmetic_task import ArithmeticSettings, ArithmeticTask
+    from setdlm.tasks.arithmetic_task import ArithmeticSettings, ArithmeticTask
 
     model, tokenizer = trained_arith_free_model
     solve = ArithmeticTask(ArithmeticSettings(limit=5))

@@ -11,8 +11,8 @@ import pytest
 from configs import tiny_config
 
 from setdlm.cli import main as setdlm
-from setdlm.eval import arithmetic
-from setdlm.eval.arithmetic import SampleJudge, judge_sample
+from setdlm.tasks import arithmetic
+from setdlm.tasks.arithmetic import SampleJudge, judge_sample
 from setdlm.workflow.plan import build
 
 REPO = Path(__file__).resolve().parents[1]
@@ -160,7 +160,7 @@ def test_samples_of_a_trained_model_are_judged_and_scored(tmp_path, capsys):
 def test_an_unconditional_run_without_a_judge_keeps_its_identity():
     """The judge's settings are left out of the samples' identity when unset: earlier
     unconditional results keep their hash."""
-    from setdlm.eval.unconditional import GenerationSettings
+    from setdlm.tasks.unconditional import GenerationSettings
 
     assert "grammar" not in GenerationSettings().to_dict()
     judged = GenerationSettings(grammar="arithmetic-3").to_dict()

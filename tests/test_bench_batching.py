@@ -8,9 +8,9 @@ import json
 import pytest
 
 from setdlm.data.tokenizers import load_tokenizer
-from setdlm.eval.gsm8k import load_gsm8k
 from setdlm.families import FAMILY_NAMES
 from setdlm.recipes.bench import BenchSettings, bench_batching, length_workloads, stop_lengths
+from setdlm.tasks.gsm8k import load_gsm8k
 from setdlm.util.errors import DataError
 from setdlm.util.paths import data_path
 

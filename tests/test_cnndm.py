@@ -14,7 +14,11 @@ from setdlm.checkpoints.zoo import PUBLISHED
 from setdlm.core.decoding import DecodeConfig
 from setdlm.core.decoding.stopping import StopRule
 from setdlm.data.tokenizers import load_tokenizer
-from setdlm.eval.cnndm import (
+from setdlm.eval.paper_decoding import paper_decode_config
+from setdlm.eval.runner import run_evaluation
+from setdlm.families import FAMILY_NAMES as FAMILIES  # noqa: E402
+from setdlm.model import SlidingWindowOptions
+from setdlm.tasks.cnndm import (
     OFFICIAL_STOP_PATTERN,
     CnnDmSettings,
     CnnDmTask,
@@ -23,10 +27,6 @@ from setdlm.eval.cnndm import (
     read_articles_jsonl,
     settings_for_model_length,
 )
-from setdlm.eval.paper_decoding import paper_decode_config
-from setdlm.eval.runner import run_evaluation
-from setdlm.families import FAMILY_NAMES as FAMILIES  # noqa: E402
-from setdlm.model import SlidingWindowOptions
 
 ENDOFTEXT = 151643  # Qwen3's <|endoftext|>: BOS = EOS = PAD of the paper's CNN/DM models
 

@@ -8,8 +8,8 @@ import pytest
 
 from setdlm.checkpoints.folders import load_model
 from setdlm.data.tokenizers import load_tokenizer
-from setdlm.eval.likelihood import run_likelihood
 from setdlm.families import FAMILY_NAMES as FAMILIES
+from setdlm.tasks.likelihood import run_likelihood
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -10,11 +10,11 @@ from setdlm.checkpoints.folders import load_model
 from setdlm.core.decoding import DecodeConfig
 from setdlm.core.decoding.stopping import StopRule
 from setdlm.data.tokenizers import load_tokenizer
-from setdlm.eval import gsm8k
 from setdlm.eval.paper_decoding import paper_decode_config
 from setdlm.eval.records import SampleLog
 from setdlm.eval.runner import run_evaluation
 from setdlm.families import FAMILY_NAMES as FAMILIES
+from setdlm.tasks import gsm8k
 
 GOLD_18 = "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\n#### 18"
 

@@ -17,10 +17,10 @@ import setdlm.eval.harness as harness
 from setdlm.checkpoints.folders import load_model
 from setdlm.core.decoding import DecodeConfig
 from setdlm.data.tokenizers import load_tokenizer
-from setdlm.eval import gsm8k
 from setdlm.eval.records import SampleLog
 from setdlm.eval.runner import run_evaluation
 from setdlm.families import FAMILY_NAMES as FAMILIES  # noqa: E402
+from setdlm.tasks import gsm8k
 
 NEW_TOKENS = 12  # the tiny runs' budget (the protocols' 1024 is for the real checkpoints)
 

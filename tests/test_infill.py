@@ -11,16 +11,16 @@ from setdlm.checkpoints.zoo import PUBLISHED
 from setdlm.core.decoding import DecodeConfig
 from setdlm.data.tokenizers import load_tokenizer
 from setdlm.eval.generated_text import flag_counts, text_before_eos
-from setdlm.eval.infill import (
+from setdlm.eval.paper_decoding import paper_decode_config
+from setdlm.eval.runner import Example, RunSettings, run_evaluation
+from setdlm.families import FAMILY_NAMES as FAMILIES  # noqa: E402
+from setdlm.tasks.infill import (
     InfillSettings,
     InfillTask,
     build_infill_input,
     read_stories,
     split_story,
 )
-from setdlm.eval.paper_decoding import paper_decode_config
-from setdlm.eval.runner import Example, RunSettings, run_evaluation
-from setdlm.families import FAMILY_NAMES as FAMILIES  # noqa: E402
 
 VARIANTS = ("infill-1", "infill-3")
 GPT2_EOS = 50256  # <|endoftext|>: BOS = EOS of the OWT models

@@ -10,11 +10,11 @@ import math
 import numpy as np
 import pytest
 
-from setdlm.eval import arithmetic
 from setdlm.eval.intervals import bootstrap_95, ratio_bootstrap_95
-from setdlm.eval.likelihood import ARITHMETIC_LIMIT, arithmetic_rows, run_likelihood
 from setdlm.families import FAMILY_NAMES
 from setdlm.families import family as family_info
+from setdlm.tasks import arithmetic
+from setdlm.tasks.likelihood import ARITHMETIC_LIMIT, arithmetic_rows, run_likelihood
 from setdlm.util.validation import SettingError
 
 # The folder name of each tiny model in the results layout (TinySettings: S = d = 4, M = 8).

@@ -1,5 +1,5 @@
-"""The task table (setdlm/tasks.py) against everything that names tasks: the workflow schema,
-the ``setdlm eval`` commands, the layout, the tables, the figures, the checks and MLflow."""
+"""The task table (setdlm/tasks/__init__.py) against everything that names tasks: the workflow
+schema, the ``setdlm eval`` commands, the layout, the tables, the figures, the checks and MLflow."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_an_unknown_task_is_an_error_naming_the_known_ones():
     with pytest.raises(UnknownTaskError) as caught:
         task("arithmetic-sovle")
     message = str(caught.value)
-    assert "'arithmetic-sovle'" in message and "setdlm/tasks.py" in message
+    assert "'arithmetic-sovle'" in message and "setdlm/tasks/__init__.py" in message
     assert all(name in message for name in TASKS)
     assert isinstance(caught.value, UserError) and isinstance(caught.value, ValueError)
     with pytest.raises(UnknownTaskError, match="table 'pareto' is not one of gsm8k, cnndm"):

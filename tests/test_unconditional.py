@@ -20,8 +20,10 @@ from setdlm.eval.gen_ppl import PerplexitySettings, load_evaluator, unigram_entr
 from setdlm.eval.mauve_score import load_featurizer
 from setdlm.eval.records import SampleLog, example_seed
 from setdlm.eval.runner import RunSettings
-from setdlm.eval.sample_rules import EntropyStop, LowConfidenceStop, Rejection
-from setdlm.eval.unconditional import (
+from setdlm.families import FAMILY_NAMES as FAMILIES  # noqa: E402
+from setdlm.report.compare import RUN_FIELDS  # noqa: E402
+from setdlm.tasks.sample_rules import EntropyStop, LowConfidenceStop, Rejection
+from setdlm.tasks.unconditional import (
     GenerationSettings,
     ScoringSettings,
     UnconditionalTask,
@@ -33,8 +35,6 @@ from setdlm.eval.unconditional import (
     run_unconditional,
     score_samples,
 )
-from setdlm.families import FAMILY_NAMES as FAMILIES  # noqa: E402
-from setdlm.report.compare import RUN_FIELDS  # noqa: E402
 
 # how a run went (the comparison's own list), and whether a sample was a warm-up one
 TIMING = RUN_FIELDS | {"warmup"}

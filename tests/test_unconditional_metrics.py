@@ -31,7 +31,7 @@ from setdlm.eval.mauve_score import (
     mauve_bootstrap,
     mauve_from_features,
 )
-from setdlm.eval.sample_rules import (
+from setdlm.tasks.sample_rules import (
     EntropyStop,
     LowConfidenceStop,
     Rejection,

@@ -124,13 +124,13 @@ def test_every_task_setting_is_an_option_with_the_schemas_rule_and_default(comma
 
 def test_the_task_dataclasses_default_to_the_schema():
     """The Python API's defaults are the workflow's and the command line's."""
-    from setdlm.eval.arithmetic_task import ArithmeticSettings
-    from setdlm.eval.cnndm import CnnDmSettings
     from setdlm.eval.gen_ppl import DEFAULT_EVALUATOR
-    from setdlm.eval.infill import InfillSettings
     from setdlm.eval.mauve_score import DEFAULT_FEATURIZER
-    from setdlm.eval.sample_rules import Rejection
-    from setdlm.eval.unconditional import GenerationSettings, ScoringSettings
+    from setdlm.tasks.arithmetic_task import ArithmeticSettings
+    from setdlm.tasks.cnndm import CnnDmSettings
+    from setdlm.tasks.infill import InfillSettings
+    from setdlm.tasks.sample_rules import Rejection
+    from setdlm.tasks.unconditional import GenerationSettings, ScoringSettings
 
     def default(task, key):
         return validation.node(f"$defs/{task}/properties/{key}").get("default")

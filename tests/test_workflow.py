@@ -82,8 +82,8 @@ def test_models_yaml_is_the_zoo_table():
 
 def test_layout_agrees_with_the_loaders_and_the_tiny_recipe():
     from setdlm.data import text
-    from setdlm.eval import cnndm, infill, likelihood
     from setdlm.recipes.tiny import TinySettings
+    from setdlm.tasks import cnndm, infill, likelihood
 
     files = {name: (d.folder, d.files) for name, d in datasets.DATASETS.items()}
     assert all(name == folder for name, (folder, _) in files.items())
@@ -449,7 +449,7 @@ def test_prepared_data_has_a_manifest_that_matches_the_mirror(tmp_path, data_dir
 def test_hub_sources_are_written_in_the_mirror_format(tmp_path, monkeypatch):
     import datasets as hf_datasets
 
-    from setdlm.eval import cnndm, likelihood
+    from setdlm.tasks import cnndm, likelihood
 
     fake = {
         "abisee/cnn_dailymail": [{"id": "c1", "article": "A story .", "highlights": "Short ."}],

@@ -37,7 +37,7 @@ from setdlm.util.validation import (
 
 def add_arguments(evaluate) -> None:
     """``setdlm eval``'s arguments: one subcommand per evaluation command, its options from
-    its schema node (setdlm/tasks.py COMMAND_NODES)."""
+    its schema node (setdlm/tasks/__init__.py COMMAND_NODES)."""
     tasks = evaluate.add_subparsers(dest="task", required=True)
     parsers = {
         name: tasks.add_parser(name, help=help_text)
@@ -57,7 +57,7 @@ def add_arguments(evaluate) -> None:
         parser.add_argument(
             "--device", default="auto", help="cpu, cuda, cuda:N, or auto (a GPU when there is one)"
         )
-        for setting in task_settings(COMMAND_NODES[name]):  # setdlm/tasks.py
+        for setting in task_settings(COMMAND_NODES[name]):  # setdlm/tasks/__init__.py
             setting.add_to(parser)
         if name != "likelihood":
             _add_decoding_options(parser)
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else load_tokenizer_for(loaded)
     raise_for(tokenizer_option_errors(tokenizer, model))
     if args.task == "likelihood":
-        from setdlm.eval.likelihood import run_likelihood
+        from setdlm.tasks.likelihood import run_likelihood
 
         metrics = run_likelihood(
             loaded.model,
@@ -217,14 +217,14 @@ def _run_point(args, loaded, tokenizer, threshold: float, out: Path, settings) -
         stop_cadence=args.stop_cadence or default_stop_cadence(loaded.spec),
     )
     if args.task == "gsm8k":
-        from setdlm.eval.gsm8k import GSM8KTask
+        from setdlm.tasks.gsm8k import GSM8KTask
 
         task = GSM8KTask(
             protocol=args.protocol, limit=args.limit, max_new_tokens=args.max_new_tokens
         )
         decode = paper_decode_config("gsm8k", model, base)
     elif args.task == "cnndm":
-        from setdlm.eval.cnndm import CnnDmSettings, CnnDmTask, settings_for_model_length
+        from setdlm.tasks.cnndm import CnnDmSettings, CnnDmTask, settings_for_model_length
 
         eos = tokenizer.convert_ids_to_tokens(model.config.eos_token_id)
         task_settings = CnnDmSettings(limit=args.limit, stop=args.stop, eos_token=eos)
@@ -232,7 +232,7 @@ def _run_point(args, loaded, tokenizer, threshold: float, out: Path, settings) -
             task_settings = settings_for_model_length(model.config.length, tokenizer, task_settings)
         task, decode = CnnDmTask(task_settings), paper_decode_config("cnndm", source, base)
     elif args.task == "infill":
-        from setdlm.eval.infill import InfillSettings, InfillTask
+        from setdlm.tasks.infill import InfillSettings, InfillTask
 
         task = InfillTask(
             InfillSettings(
@@ -246,7 +246,7 @@ def _run_point(args, loaded, tokenizer, threshold: float, out: Path, settings) -
         if args.infill_cache != "full":  # the policies that infill from both contexts have it
             decode = with_knobs(decode, model.config.family, infill_cache=args.infill_cache)
     elif args.task == "arithmetic":
-        from setdlm.eval.arithmetic_task import (
+        from setdlm.tasks.arithmetic_task import (
             ArithmeticSettings,
             ArithmeticTask,
             arithmetic_decode_config,
@@ -285,10 +285,10 @@ def _run_point(args, loaded, tokenizer, threshold: float, out: Path, settings) -
 
 
 def _run_unconditional(args, loaded, tokenizer, base: DecodeConfig, out: Path, settings) -> dict:
-    from setdlm.eval import arithmetic
-    from setdlm.eval.arithmetic_task import training_problems
-    from setdlm.eval.sample_rules import Rejection
-    from setdlm.eval.unconditional import (
+    from setdlm.tasks import arithmetic
+    from setdlm.tasks.arithmetic_task import training_problems
+    from setdlm.tasks.sample_rules import Rejection
+    from setdlm.tasks.unconditional import (
         GenerationSettings,
         ScoringSettings,
         UnconditionalTask,

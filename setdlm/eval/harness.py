@@ -56,7 +56,6 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from setdlm.checkpoints.zoo import load_pretrained, load_tokenizer_for
 from setdlm.core.decoding import DecodeConfig
 from setdlm.data.tokenizers import load_tokenizer
-from setdlm.eval import gsm8k
 from setdlm.eval.fingerprint import sample_provenance
 from setdlm.eval.paper_decoding import default_stop_cadence
 from setdlm.eval.records import SampleLog, example_seed
@@ -64,6 +63,7 @@ from setdlm.eval.runner import pooled, resolve_batching
 from setdlm.eval.timing import decoding_fields, summarize_speed, synchronized_timer
 from setdlm.families import family as family_info
 from setdlm.families import with_knobs
+from setdlm.tasks import gsm8k
 from setdlm.util.files import atomic_write_json
 from setdlm.util.paths import data_dir, data_path
 from setdlm.util.progress import progress_bar

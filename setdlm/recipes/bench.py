@@ -269,7 +269,7 @@ def gsm8k_stop_lengths(count: int) -> list[int]:
     tokenizer (the published GSM8K checkpoints' own), cycling through the 1,319 problems:
     where a row stops, as at an EOS, to replay GSM8K's spread of output lengths."""
     from setdlm.data.tokenizers import load_tokenizer
-    from setdlm.eval.gsm8k import load_gsm8k
+    from setdlm.tasks.gsm8k import load_gsm8k
     from setdlm.util.paths import data_path
 
     tokenizer = load_tokenizer(data_path("tokenizers", "qwen3"))
@@ -338,7 +338,7 @@ def arithmetic_workloads(models_dir: Path, num_prompts: int) -> list[Workload]:
     with the task's own decoding (EOS stop, its budget): rows stop where their solution ends."""
     from setdlm.checkpoints.folders import load_model
     from setdlm.data.tokenizers import load_tokenizer
-    from setdlm.eval.arithmetic_task import (
+    from setdlm.tasks.arithmetic_task import (
         ArithmeticSettings,
         ArithmeticTask,
         arithmetic_decode_config,

@@ -66,14 +66,14 @@ def analyze(model_dir: Path, problems: int, generator: str | None = None) -> dic
     from setdlm.checkpoints.folders import load_model
     from setdlm.core.decoding import DecodeConfig
     from setdlm.data.tokenizers import load_tokenizer
-    from setdlm.eval import arithmetic
-    from setdlm.eval.arithmetic_task import (
+    from setdlm.families import family as family_info
+    from setdlm.families import with_knobs
+    from setdlm.tasks import arithmetic
+    from setdlm.tasks.arithmetic_task import (
         ArithmeticSettings,
         ArithmeticTask,
         arithmetic_decode_config,
     )
-    from setdlm.families import family as family_info
-    from setdlm.families import with_knobs
 
     model = load_model(model_dir).eval()
     tokenizer = load_tokenizer(model_dir)
@@ -131,8 +131,8 @@ def analyze(model_dir: Path, problems: int, generator: str | None = None) -> dic
 
 
 def _trained_generator(model_dir: Path) -> str:
-    from setdlm.eval import arithmetic
-    from setdlm.eval.arithmetic_task import training_problems
+    from setdlm.tasks import arithmetic
+    from setdlm.tasks.arithmetic_task import training_problems
 
     data = training_problems(str(model_dir))
     return data["generator"] if data else arithmetic.GENERATOR_VERSION

@@ -25,19 +25,19 @@ DEFAULT_PROBLEMS = 200
 class ArithmeticProbe:
     every: int
     examples: list  # setdlm.eval.runner.Example, the task's own
-    task: object  # setdlm.eval.arithmetic_task.ArithmeticTask
+    task: object  # setdlm.tasks.arithmetic_task.ArithmeticTask
     tokenizer: object
 
     @classmethod
     def for_model(cls, model, tokenizer, every: int, problems: int, generator: str):
-        from setdlm.eval.arithmetic_task import ArithmeticSettings, ArithmeticTask
+        from setdlm.tasks.arithmetic_task import ArithmeticSettings, ArithmeticTask
 
         task = ArithmeticTask(ArithmeticSettings(limit=problems, generator=generator))
         return cls(every, task.examples(tokenizer, model), task, tokenizer)
 
     def measure(self, model: torch.nn.Module, step: int) -> dict:
         from setdlm.core.decoding import DecodeConfig
-        from setdlm.eval.arithmetic_task import arithmetic_decode_config
+        from setdlm.tasks.arithmetic_task import arithmetic_decode_config
 
         started = time.perf_counter()
         base = arithmetic_decode_config(model, DecodeConfig())

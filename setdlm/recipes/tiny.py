@@ -22,10 +22,10 @@ from setdlm.core.family import ModelConfig, default_schedule
 from setdlm.data.loader import collate
 from setdlm.data.text import ChunkedLMDataset, PaddedRowsDataset, load_wikitext2
 from setdlm.data.tokenizers import SpecialTokens, load_tokenizer, train_bpe_tokenizer
-from setdlm.eval import arithmetic
 from setdlm.eval.heldout_nll import evaluate_likelihood
 from setdlm.families import FAMILY_NAMES, build_model, with_knobs
 from setdlm.families import family as family_info
+from setdlm.tasks import arithmetic
 from setdlm.train import TrainConfig, latest_checkpoint, load_weights, train
 from setdlm.util.files import atomic_write_json, atomic_write_text, sha256_file
 from setdlm.util.paths import data_path
@@ -53,7 +53,7 @@ class TinySettings:
     thresholds: tuple[float, ...] = (1e6, 0.5)
     seed: int = 0
     # What the model is trained on: WikiText-2 in chunks, or the synthetic arithmetic problems
-    # (setdlm/eval/arithmetic.py), ``problems`` of them from ``generator``, one per row, drawn
+    # (setdlm/tasks/arithmetic.py), ``problems`` of them from ``generator``, one per row, drawn
     # with ``problem_seed`` (None: ``seed``, so that a seed then changes the problems too).
     corpus: str = "wikitext2"
     problems: int = 20000

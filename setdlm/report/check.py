@@ -185,7 +185,7 @@ def across_numerics_rule(point: ResultPoint, metric: str) -> dict:
     if metric in COUNTS:
         return {"tolerance": 0}
     if metric.startswith("speed."):
-        # a task whose counted speed rests on a handful of samples (setdlm/tasks.py)
+        # a task whose counted speed rests on a handful of samples (setdlm/tasks/__init__.py)
         few = point.task in TASKS and TASKS[point.task].few_samples
         return {"rel_tolerance": FEW_SAMPLE_TOLERANCE if few else COUNTED_SPEED_TOLERANCE}
     name = metric.split(".")[1]

@@ -52,10 +52,10 @@ TOLERANCE_NOTE = (
     "the closing note of issue 24; a 3-point accuracy drop at any point fails."
 )
 COUNTED = ("nfe_mean", "parallelism_mean", "generated_tokens")
-# The tasks it decodes (setdlm/tasks.py: decoding_check): those scored per example against a
-# reference, which take --limit. The default's sampled problems (arithmetic-unconditional) and
-# likelihood go through the same engine and model code; `setdlm check` holds their metrics on a
-# full run.
+# The tasks it decodes (setdlm/tasks/__init__.py: decoding_check): those scored per example
+# against a reference, which take --limit. The default's sampled problems
+# (arithmetic-unconditional) and likelihood go through the same engine and model code;
+# `setdlm check` holds their metrics on a full run.
 CHECKED_TASKS = tuple(name for name, info in TASKS.items() if info.decoding_check)
 # The check decodes in static batches: the default's 41 points of seed 0 in about a minute on 2
 # cores (56-73 s measured).

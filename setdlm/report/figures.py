@@ -55,7 +55,8 @@ class FigureSpec:
         return (self, *self.more)
 
 
-# One per decoding task, from its row of setdlm/tasks.py: the headline quality on the y axis.
+# One per decoding task, from its row of setdlm/tasks/__init__.py: the headline quality on the y
+# axis.
 FIGURES = {
     name: FigureSpec(
         name,

@@ -59,7 +59,8 @@ class Metric:
 
 @dataclass(frozen=True)
 class TableSpec:
-    """How a paper table of setdlm/tasks.py shows its rows: its tasks and file stem are there."""
+    """How a paper table of setdlm/tasks/__init__.py shows its rows: its tasks and file stem are
+    there."""
 
     table: str  # its PAPER_TABLES name
     title: str
@@ -209,7 +210,7 @@ LIKELIHOOD_INTERVAL = (
     "it holds the sampling of the sequences only, not the Monte-Carlo noise of a bound or "
     "another training."
 )
-TABLES = tuple(PAPER_TABLES)  # setdlm/tasks.py
+TABLES = tuple(PAPER_TABLES)  # setdlm/tasks/__init__.py
 
 SPEED_COLUMNS = [
     Column("tokens_per_second", "tok/s", 2, spread=True),

@@ -145,7 +145,7 @@ def run_record(point: ResultPoint) -> RunRecord:
 
 def headline_of(task: str) -> str | None:
     """The quality a task is judged by (the ``quality`` metric), None where it has none (a
-    result found outside the layout, of no task of setdlm/tasks.py)."""
+    result found outside the layout, of no task of setdlm/tasks/__init__.py)."""
     info = TASKS.get(task)
     return info.headline if info else None
 

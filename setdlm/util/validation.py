@@ -21,9 +21,9 @@ from typing import Any
 
 import yaml
 
-from setdlm.eval.arithmetic import GRAMMARS as ARITHMETIC_GRAMMARS
 from setdlm.families import FAMILIES, FAMILY_NAMES, MODEL_NAME_PATTERN, UnknownNameError
 from setdlm.families import family as family_info
+from setdlm.tasks.arithmetic import GRAMMARS as ARITHMETIC_GRAMMARS
 from setdlm.util.errors import UserError
 
 # setdlm/workflows is the top-level workflows/ folder (a link in the checkout, package data in

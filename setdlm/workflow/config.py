@@ -432,7 +432,7 @@ def _generator_errors(where: str, task: str, settings: dict, name: str, config: 
     solves, scores or is told are novel come from the task's generator (arithmetic-
     unconditional names it as its ``references``), so a model trained on another version
     would be measured on problems it never learned the shape of."""
-    from setdlm.eval.arithmetic import GENERATOR_VERSION  # no torch: the grammars only
+    from setdlm.tasks.arithmetic import GENERATOR_VERSION  # no torch: the grammars only
 
     key = "references" if "references" in settings else "generator"
     trained = train_settings(config, name).get("generator", GENERATOR_VERSION)
@@ -556,8 +556,8 @@ def reads_arithmetic(task: str) -> bool:
 
 
 def task_dataset(task: str, settings: dict) -> str | None:
-    """The dataset a task reads (None: none to prepare): its row's (setdlm/tasks.py), or the
-    one its setting names (unconditional's references: owt or wikitext2)."""
+    """The dataset a task reads (None: none to prepare): its row's (setdlm/tasks/__init__.py), or
+    the one its setting names (unconditional's references: owt or wikitext2)."""
     info = task_info(task)
     if info.dataset_setting is None:
         return info.dataset

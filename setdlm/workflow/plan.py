@@ -309,7 +309,7 @@ def _plan_model_points(plan: Plan, published: dict, task: str, settings: dict, n
     if isinstance(evaluator, dict):
         judge = evaluator["model"]
         inputs["evaluator"] = plan.model_marker(judge, seed=plan.evaluator_seed(judge))
-    # settings its evaluation does not read stay out of its identity (setdlm/tasks.py)
+    # settings its evaluation does not read stay out of its identity (setdlm/tasks/__init__.py)
     unread = (*NOT_PER_POINT, *task_info(task).unread)
     shared = {key: value for key, value in settings.items() if key not in unread}
     if shared.get("batching") == "auto":
@@ -369,9 +369,9 @@ def eval_args(
     task, settings, override, plan, name, model_arg, folder, tau, policy=None
 ) -> tuple[str, ...]:
     """The ``setdlm eval`` arguments of one point: every setting spelled out. The task's row
-    (setdlm/tasks.py) names its command and the arguments that pick it; its command's schema
-    node says which settings there are and how each is written (``task_settings``), the same
-    definitions ``setdlm eval``'s options are built from."""
+    (setdlm/tasks/__init__.py) names its command and the arguments that pick it; its command's
+    schema node says which settings there are and how each is written (``task_settings``), the
+    same definitions ``setdlm eval``'s options are built from."""
     info = task_info(task)
     args = [info.command, "--model", model_arg, "--out", folder]
     values = {**settings, **{key: override[key] for key in ("batch_size",) if key in override}}

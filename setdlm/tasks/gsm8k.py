@@ -31,8 +31,8 @@ from pathlib import Path
 from setdlm.core.decoding import DecodeConfig
 from setdlm.data.jsonl import read_jsonl
 from setdlm.eval.intervals import scored_means
-from setdlm.eval.problem import Problem
 from setdlm.eval.runner import Example, Task
+from setdlm.tasks.problem import Problem
 from setdlm.util.errors import DataError
 from setdlm.util.hub import load_hub_dataset
 from setdlm.util.paths import data_dir, data_path

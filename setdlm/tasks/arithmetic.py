@@ -29,7 +29,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from setdlm.eval.problem import Problem
+from setdlm.tasks.problem import Problem
 
 SPLITS = ("train", "test")
 NAMES = (

@@ -1,4 +1,4 @@
-"""The synthetic arithmetic task (setdlm/eval/arithmetic.py) as evaluations of ``run_evaluation``.
+"""The synthetic arithmetic task (setdlm/tasks/arithmetic.py) as evaluations of ``run_evaluation``.
 
 - ``solve``: BOS + question + newline, then the worked solution is decoded up to EOS (or the
   budget) and scored by the GSM8K answer extraction, unchanged (strict and flexible match).
@@ -19,16 +19,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from setdlm.core.decoding import DecodeConfig
-from setdlm.eval import arithmetic
 from setdlm.eval.generated_text import text_before_eos
-from setdlm.eval.gsm8k import METRIC_DEFINITIONS as GSM8K_METRICS
-from setdlm.eval.gsm8k import score_output
-from setdlm.eval.infill import Segments, build_infill_input
 from setdlm.eval.intervals import scored_means
 from setdlm.eval.paper_decoding import paper_decode_config
 from setdlm.eval.runner import Example, Task
 from setdlm.families import family as family_info
 from setdlm.results.layout import TRAINED_MARKER
+from setdlm.tasks import arithmetic
+from setdlm.tasks.gsm8k import METRIC_DEFINITIONS as GSM8K_METRICS
+from setdlm.tasks.gsm8k import score_output
+from setdlm.tasks.infill import Segments, build_infill_input
 from setdlm.util.files import read_json
 from setdlm.util.validation import SettingError
 

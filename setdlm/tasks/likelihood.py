@@ -3,7 +3,7 @@
 The text is chunked like the training data (BOS + ``length - 1`` tokens, EOS between documents):
 WikiText-2's held-out articles from the local mirror or the Hub, OpenWebText's last 100k
 documents (the official valid split) or LM1B's test split from the Hub. ``arithmetic`` scores
-the synthetic arithmetic test problems (setdlm/eval/arithmetic.py) instead, one problem per row
+the synthetic arithmetic test problems (setdlm/tasks/arithmetic.py) instead, one problem per row
 as the arithmetic models are trained (BOS + problem + EOS, filled to the length with EOS, the
 fill counted like any token). Per-sequence terms are appended to ``samples.jsonl`` (resumable;
 each with ``scores.nll``, its own NLL per counted token) and ``metrics.json`` holds the
@@ -24,13 +24,13 @@ import torch
 from setdlm.data.jsonl import read_jsonl
 from setdlm.data.loader import collate
 from setdlm.data.text import ChunkedLMDataset, PaddedRowsDataset, load_wikitext2
-from setdlm.eval import arithmetic
 from setdlm.eval.fingerprint import hardware, run_provenance, sample_provenance, software_versions
 from setdlm.eval.heldout_nll import sequence_terms, summarize
 from setdlm.eval.intervals import RESAMPLES, ratio_bootstrap_95
 from setdlm.eval.intervals import SEED as INTERVAL_SEED
 from setdlm.eval.records import SampleLog, config_hash, example_seed
 from setdlm.eval.runner import claim_folder, finished_metrics, run_times
+from setdlm.tasks import arithmetic
 from setdlm.util.files import atomic_write_json
 from setdlm.util.hub import load_hub_dataset
 from setdlm.util.paths import data_dir

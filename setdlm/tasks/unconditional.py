@@ -36,7 +36,6 @@ import numpy as np
 import torch
 
 from setdlm.core.decoding import DecodeConfig
-from setdlm.eval import arithmetic
 from setdlm.eval.fingerprint import sample_provenance
 from setdlm.eval.gen_ppl import (
     DEFAULT_EVALUATOR,
@@ -47,7 +46,6 @@ from setdlm.eval.gen_ppl import (
     unigram_entropy,
 )
 from setdlm.eval.intervals import bootstrap_95, scored_means
-from setdlm.eval.likelihood import arithmetic_rows, prepared_documents
 from setdlm.eval.mauve_score import (
     BOOTSTRAP_BASE_SEED,
     BOOTSTRAP_RNG_SEED,
@@ -73,13 +71,15 @@ from setdlm.eval.runner import (
     generation_identity,
     scheduled_batches,
 )
-from setdlm.eval.sample_rules import EntropyStop, LowConfidenceStop, Rejection, apply_stop_rules
 from setdlm.eval.timing import (
     decoding_fields,
     reset_peak_memory,
     synchronized_timer,
 )
 from setdlm.families import family as family_info
+from setdlm.tasks import arithmetic
+from setdlm.tasks.likelihood import arithmetic_rows, prepared_documents
+from setdlm.tasks.sample_rules import EntropyStop, LowConfidenceStop, Rejection, apply_stop_rules
 from setdlm.util.errors import DataError
 from setdlm.util.hub import hub_offline, load_hub_dataset, unreachable
 from setdlm.util.progress import progress_bar
@@ -96,7 +96,7 @@ REFERENCE_SOURCES = {
     "owt": f"OpenWebText validation ({OWT_HUB_ID}, {OWT_VALID_SPLIT}; Hub)",
     "wikitext2": "WikiText-2 test, held-out articles (data mirror offline, else Hub)",
     **{
-        version: f"{version} test problems (setdlm/eval/arithmetic.py, problem seed 0), one "
+        version: f"{version} test problems (setdlm/tasks/arithmetic.py, problem seed 0), one "
         "per EOS-filled row as the models were trained"
         for version in arithmetic.GRAMMARS
     },
@@ -778,7 +778,7 @@ def _arithmetic_metrics(records, generation: GenerationSettings) -> dict:
     others are not valid or not correct."""
     version, training = generation.grammar, generation.training_problems
     definitions = {
-        "valid": f"the sample reads as a problem of {version}'s grammar (setdlm/eval/"
+        "valid": f"the sample reads as a problem of {version}'s grammar (setdlm/tasks/"
         "arithmetic.py judge_sample: names, objects, start, operations and their bounds), "
         "with a solution of its shape (one 'a op b = c' line per operation, then '#### n')",
         "correct": "valid, and every solution step and the final answer right for the "

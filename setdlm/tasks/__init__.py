@@ -8,10 +8,11 @@ layout.py) and one key of a workflow configuration's ``tasks``. Its row says whi
 the quality it is judged by, the paper table its points are rows of, its speed-quality figure,
 and which checks hold it.
 
-Adding a task is its evaluation code, a row here, its schema node and its tests
+Adding a task is its evaluation code (a module of this package, next to gsm8k, cnndm, infill,
+unconditional, likelihood and arithmetic), a row here, its schema node and its tests
 (docs/extending.md, "Adding a task"): the workflow's checks and jobs, the result reader, the
 tables, the figures, the checks and MLflow read everything else from this table. The module
-imports nothing heavy: the workflow reads it before any job runs.
+imports nothing heavy, and none of the task modules: the workflow reads it before any job runs.
 """
 
 from __future__ import annotations
@@ -257,7 +258,7 @@ TASKS: dict[str, TaskInfo] = {
             decoding_check=True,
         ),
         # `setdlm eval unconditional --references arithmetic-<n>`: whole problems sampled from
-        # BOS, each judged as a problem of that generator (setdlm/eval/arithmetic.py)
+        # BOS, each judged as a problem of that generator (setdlm/tasks/arithmetic.py)
         TaskInfo(
             name="arithmetic-unconditional",
             kind="decoding",
@@ -291,7 +292,7 @@ def task(name: str) -> TaskInfo:
         return TASKS[name]
     except (KeyError, TypeError):
         raise UnknownTaskError(
-            f"task {name!r} is not one of {', '.join(TASK_NAMES)} (setdlm/tasks.py)"
+            f"task {name!r} is not one of {', '.join(TASK_NAMES)} (setdlm/tasks/__init__.py)"
         ) from None
 
 
@@ -326,7 +327,7 @@ def paper_table(name: str) -> PaperTable:
         return PAPER_TABLES[name]
     except (KeyError, TypeError):
         raise UnknownTaskError(
-            f"table {name!r} is not one of {', '.join(PAPER_TABLES)} (setdlm/tasks.py)"
+            f"table {name!r} is not one of {', '.join(PAPER_TABLES)} (setdlm/tasks/__init__.py)"
         ) from None
 
 
