@@ -2,8 +2,8 @@
 
 Each figure has two panels with the same quality axis (GSM8K accuracy, ROUGE-L, MAUVE): against
 tokens per second and against the parallelism factor (tokens committed per step); a task that
-names further qualities in its figure row (setdlm/tasks.py: the sampled arithmetic problems'
-MAUVE under their correctness) gets one more such pair of panels per quality. One curve
+names further qualities in its figure row (setdlm/tasks/__init__.py: the sampled arithmetic
+problems' MAUVE under their correctness) gets one more such pair of panels per quality. One curve
 per family and size, its points in sweep order (τ from large to small), each with its 95 %
 bootstrap interval as an error bar where the evaluation recorded one, and its τ beside it
 unless that label would overprint another (the tables list every τ). A model trained once per

@@ -1,5 +1,5 @@
 """Whether a task's rows tell anything apart: pairs of points whose 95 % intervals of the
-task's headline quality (setdlm/tasks.py) do not overlap.
+task's headline quality (setdlm/tasks/__init__.py) do not overlap.
 
 A table whose intervals all overlap ranks nothing, whatever its point estimates suggest, so
 such a task's note says "no separation". Two kinds of pairs are looked at:

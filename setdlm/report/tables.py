@@ -30,42 +30,67 @@ from setdlm.report.table import (
     to_markdown,
 )
 from setdlm.results.reader import ResultPoint, Results, speed_protocol_of
-from setdlm.tasks import PAPER_TABLES, TASKS, paper_table, table_tasks
+from setdlm.tasks import PAPER_TABLES, TASKS, Quality, paper_table, table_columns, table_tasks
 from setdlm.util.files import atomic_write_text
 
 
 @dataclass(frozen=True)
 class Metric:
-    name: str  # quality name in metrics.json
-    label: str
-    scale: float = 1.0  # shown value = metrics.json value × scale
-    digits: int = 2
-    spread: bool = False  # the entry carries a "std" as well
-    interval: bool = False  # the entry carries a 95 % bootstrap interval ("bootstrap_95")
+    """A quality column of a table (a task's ``Quality``, setdlm/tasks/__init__.py): its header
+    and how a point's cell reads from metrics.json."""
+
+    quality: Quality
+
+    @property
+    def name(self) -> str:
+        return self.quality.name
+
+    @property
+    def label(self) -> str:
+        return self.quality.label
+
+    @property
+    def scale(self) -> float:
+        return self.quality.scale
+
+    @property
+    def digits(self) -> int:
+        return self.quality.digits
 
     def column(self) -> Column:
-        return Column(self.name, self.label, self.digits, self.spread, ranged=self.interval)
+        q = self.quality
+        return Column(q.name, q.label, q.digits, q.spread, ranged=q.interval)
 
     def cell(self, point: ResultPoint):
-        entry = point.metrics.get("quality", {}).get(self.name)
+        q = self.quality
+        entry = point.metrics.get("quality", {}).get(q.name)
         if entry is None:
             return None
-        value, std = _scaled(entry["value"], self.scale), _scaled(entry.get("std"), self.scale)
-        if self.interval:
-            low, high = point.interval(self.name) or (None, None)
-            return (value, _scaled(low, self.scale), _scaled(high, self.scale))
-        return (value, std) if self.spread else value
+        value, std = _scaled(entry["value"], q.scale), _scaled(entry.get("std"), q.scale)
+        if q.interval:
+            low, high = point.interval(q.name) or (None, None)
+            return (value, _scaled(low, q.scale), _scaled(high, q.scale))
+        return (value, std) if q.spread else value
 
 
 @dataclass(frozen=True)
 class TableSpec:
-    """How a paper table of setdlm/tasks/__init__.py shows its rows: its tasks and file stem are
-    there."""
+    """How a paper table of setdlm/tasks/__init__.py shows its rows: everything but the layout
+    is its registry row's and its tasks' (title, units, quality columns, file stem)."""
 
     table: str  # its PAPER_TABLES name
-    title: str
-    metrics: tuple[Metric, ...]
-    units: str
+
+    @property
+    def title(self) -> str:
+        return paper_table(self.table).title
+
+    @property
+    def units(self) -> str:
+        return paper_table(self.table).units
+
+    @property
+    def metrics(self) -> tuple[Metric, ...]:
+        return tuple(Metric(quality) for quality in table_columns(self.table))
 
     @property
     def key(self) -> str:
@@ -78,116 +103,14 @@ class TableSpec:
         return table_tasks(self.table)
 
 
-def _rouge(names) -> tuple[Metric, ...]:
-    labels = {
-        "rouge1": "ROUGE-1",
-        "rouge2": "ROUGE-2",
-        "rougeL": "ROUGE-L",
-        "rougeLsum": "ROUGE-Lsum",
-    }
-    return tuple(Metric(name, labels[name], scale=100.0, interval=True) for name in names)
-
-
-INTERVALS = "[low, high]: a 95 % interval (how it was computed: the interval note)."
-ROUGE_UNITS = "Units: ROUGE F1 × 100; " + INTERVALS
-GSM8K = TableSpec(
-    "gsm8k",
-    "GSM8K speed-quality (Pareto) points",
-    (
-        Metric("paper_exact", "acc paper_exact (%)", 100.0, interval=True),
-        Metric("strict_match", "acc strict_match (%)", 100.0, interval=True),
-        Metric("flexible_extract", "acc flexible_extract (%)", 100.0, interval=True),
-    ),
-    "Units: accuracy in % of problems (metrics.json value × 100); " + INTERVALS,
-)
+SPECS = {name: TableSpec(name) for name in PAPER_TABLES if name != "likelihood"}
+GSM8K, LIKELIHOOD = SPECS["gsm8k"], TableSpec("likelihood")
 # What the Δ columns mean, where the table has them.
 GSM8K_DELTAS = (
     "Δ = ours − published, in percentage points, tokens/s and tokens per step. Δ acc compares "
     "our paper_exact (the official script's own accuracy) with the published accuracy: whether "
     "the paper reports that or lm-eval's strict_match is not confirmed (SPEC 5.1), so both are "
     "shown."
-)
-ARITHMETIC = TableSpec(
-    "arithmetic",
-    "Synthetic arithmetic: speed against quality as τ falls",
-    (
-        Metric("strict_match", "acc strict (%)", 100.0, interval=True),
-        Metric("flexible_extract", "acc flexible (%)", 100.0, interval=True),
-        Metric("step_exact", "infill step exact (%)", 100.0, interval=True),
-        Metric("result_exact", "infill result exact (%)", 100.0, interval=True),
-    ),
-    "Units: % of test problems (metrics.json value × 100); "
-    + INTERVALS
-    + " arithmetic-solve rows are scored by accuracy (GSM8K answer extraction), "
-    "arithmetic-infill rows by exact match of the masked step and of its result.",
-)
-ARITHMETIC_UNCONDITIONAL = TableSpec(
-    "arithmetic_unconditional",
-    "Synthetic arithmetic: whole problems sampled from BOS as τ falls",
-    (
-        Metric("correct", "correct (%)", 100.0, interval=True),
-        Metric("valid", "valid (%)", 100.0, interval=True),
-        Metric("novel", "novel (%)", 100.0, interval=True),
-        Metric("mauve", "MAUVE", digits=3, interval=True),
-        Metric("gen_ppl", "gen-PPL", interval=True),
-        Metric("unigram_entropy", "entropy (nats)", interval=True),
-        Metric("length", "length (tokens)", digits=1),
-    ),
-    "Units: % of samples (metrics.json value × 100), each sample read as a problem of the "
-    "generator: valid = a question the generator could draw with a solution of its shape; "
-    "correct = valid with every step and the answer right; novel = valid and not one of the "
-    "model's training questions. MAUVE in [0, 1] against the generator's test problems, "
-    "with the offline featurizer (not comparable with gpt2-large MAUVE); gen-PPL under the "
-    "first seed of the trained AR arithmetic model (lower is better; that model scores its "
-    "own family's samples too, so AR's gen-PPL is flattered); entropy in nats per sample. "
-    + INTERVALS
-    + " MAUVE and gen-PPL are one number per run: their interval is over seeds only.",
-)
-SPECS = {
-    "gsm8k": GSM8K,
-    "arithmetic": ARITHMETIC,
-    "arithmetic_unconditional": ARITHMETIC_UNCONDITIONAL,
-    "cnndm": TableSpec(
-        "cnndm",
-        "CNN/DailyMail summarization",
-        _rouge(("rouge1", "rouge2", "rougeL", "rougeLsum")),
-        ROUGE_UNITS,
-    ),
-    "infill": TableSpec(
-        "infill",
-        "ROCStories infilling",
-        (*_rouge(("rouge1", "rouge2", "rougeL")), Metric("skipped_too_long", "skipped", digits=0)),
-        ROUGE_UNITS + " skipped: stories left out because they do not fit the model length.",
-    ),
-    "unconditional": TableSpec(
-        "unconditional",
-        "Unconditional generation",
-        (
-            Metric("mauve", "MAUVE", digits=3),
-            Metric("mauve_bootstrap", "MAUVE bootstrap", digits=3, spread=True),
-            Metric("gen_ppl", "gen-PPL"),
-            Metric("unigram_entropy", "entropy (nats)"),
-            Metric("length", "length (tokens)", digits=1),
-            Metric("rejection", "rejected", digits=0),
-        ),
-        "Units: MAUVE in [0, 1] (bootstrap: mean ± std over reference subsets); gen-PPL is a "
-        "perplexity (lower is better); entropy in nats; length in tokens per sample; rejected: "
-        "attempts rejected and regenerated (count).",
-    ),
-}
-LIKELIHOOD = TableSpec(
-    "likelihood",
-    "Held-out likelihood",
-    (
-        Metric("nll", "NLL (nats/token)", digits=3, interval=True),
-        Metric("perplexity", "perplexity"),
-        Metric("bits_per_token", "bits/token", digits=3),
-        Metric("bits_per_byte", "bits/byte", digits=3),
-        Metric("tokens", "tokens", digits=0),
-    ),
-    "Units: NLL in nats per counted token (an upper bound for the diffusion families, see the "
-    "definitions); perplexity = exp(NLL); bits per token and per UTF-8 byte; tokens counted. "
-    + INTERVALS,
 )
 # What a likelihood row's number is, and what it may be compared with.
 LIKELIHOOD_MEASURES = (

@@ -12,8 +12,8 @@
     <results>/tables/<config name>/, <results>/figures/<config name>/
 
 Task names and everything known about each task (its metrics.json ``task``, headline quality,
-checkpoint domain, table and figure) are rows of setdlm/tasks.py; the names below are read from
-it.
+checkpoint domain, table and figure) are rows of setdlm/tasks/__init__.py; the names below are
+read from it.
 
 Model names say the family and size (setdlm/families.py holds the grammar): ``ar``, ``mdlm``,
 ``bd3lm-s<S>``, ``setdlm-smax<M>`` (M = 2d, the paper's pairing of SetDLM-smax2S with
@@ -44,7 +44,8 @@ ARTIFACTS_FOLDER = "mlartifacts"
 RESULT_FILES = ("samples.jsonl", "metrics.json", "run.json", "throughput.json")
 
 # The tasks (result folders) and the paper's tables with the tasks each is built from: the
-# rows of the task table (setdlm/tasks.py), named here for the Snakefile's wildcards and rules.
+# rows of the task table (setdlm/tasks/__init__.py), named here for the Snakefile's wildcards
+# and rules.
 TASKS = TASK_NAMES
 LIKELIHOOD_POINT = "default"  # the one point of a likelihood task
 # The domains of the published checkpoints (models.yaml is keyed "<domain>:<model>"); each

@@ -421,10 +421,11 @@ def checkpoint_marker(model_source: str, models: Path | None) -> dict | None:
 # ------------------------------------------------------------------- folder names, checked
 def _check_task(path: Path, task: str, metrics: dict) -> None:
     recorded = metrics.get("task")
-    info = TASKS.get(task)  # the task table (setdlm/tasks.py)
+    info = TASKS.get(task)  # the task table (setdlm/tasks/__init__.py)
     if info is None:
         raise ResultError(
-            f"{path}: task folder {task!r} is not one of {', '.join(TASK_NAMES)} (setdlm/tasks.py)"
+            f"{path}: task folder {task!r} is not one of {', '.join(TASK_NAMES)} "
+            "(setdlm/tasks/__init__.py)"
         )
     if info.data is not None:
         data = metrics.get("config", {}).get("data")

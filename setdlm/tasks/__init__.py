@@ -5,8 +5,9 @@ A task is one kind of result folder (``<run>/<task>/<model>/<point>/``, setdlm/r
 layout.py) and one key of a workflow configuration's ``tasks``. Its row says which
 ``setdlm eval`` command runs it and with which arguments, which schema node holds its settings
 (workflows/config/schema.yaml), which checkpoints evaluate it, what its metrics.json records,
-the quality it is judged by, the paper table its points are rows of, its speed-quality figure,
-and which checks hold it.
+the quality it is judged by and the quality columns it shows, the paper table its points are
+rows of (each paper table: its title, files and units), its speed-quality figure, and which
+checks hold it.
 
 Adding a task is its evaluation code (a module of this package, next to gsm8k, cnndm, infill,
 unconditional, likelihood and arithmetic), a row here, its schema node and its tests
@@ -49,13 +50,43 @@ COMMAND_NODES = {
 
 @dataclass(frozen=True)
 class PaperTable:
-    """One of the paper's tables (`setdlm report tables`; the workflow's rule table_<name>)."""
+    """One of the paper's tables (`setdlm report tables`; the workflow's rule table_<name>):
+    its rows are its tasks' points, its quality columns those its tasks show (in task order)."""
 
     name: str
     stem: str  # its files: <tables>/<stem>.{md,csv,tex} (and <stem>_seeds.* with seeds)
+    title: str
+    units: str  # the note saying what its columns' numbers are
     claims: bool = False  # written with the claims table (setdlm/report/claims.py)
     # Tasks of other tables whose points its claims compare too (its job waits for them).
     claims_also: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Quality:
+    """A quality column of a task's rows in its paper table (setdlm/report/tables.py)."""
+
+    name: str  # its name in metrics.json
+    label: str
+    scale: float = 1.0  # shown value = metrics.json value × scale
+    digits: int = 2
+    spread: bool = False  # the entry carries a "std" as well
+    interval: bool = False  # the entry carries a 95 % bootstrap interval ("bootstrap_95")
+
+
+def _percent(name: str, label: str) -> Quality:
+    """A fraction shown in % with its interval (accuracies, shares of samples)."""
+    return Quality(name, label, 100.0, interval=True)
+
+
+def _rouge(*names: str) -> tuple[Quality, ...]:
+    labels = {
+        "rouge1": "ROUGE-1",
+        "rouge2": "ROUGE-2",
+        "rougeL": "ROUGE-L",
+        "rougeLsum": "ROUGE-Lsum",
+    }
+    return tuple(_percent(name, labels[name]) for name in names)
 
 
 @dataclass(frozen=True)
@@ -89,6 +120,7 @@ class TaskInfo:
     domain: str
     table: str  # the paper table its points are rows of (a PAPER_TABLES name)
     headline: str  # the quality it is plotted and compared by (MLflow's `quality`)
+    columns: tuple[Quality, ...]  # the qualities its table rows show
     higher_is_better: bool = True
     accuracy: bool = False  # its headline is an accuracy (MLflow logs it as `accuracy` too)
     variant: str | None = None  # `--variant`: which of its command's tasks it is
@@ -127,21 +159,68 @@ class TaskInfo:
         return self.domain == ARITHMETIC
 
 
+INTERVALS = "[low, high]: a 95 % interval (how it was computed: the interval note)."
+ROUGE_UNITS = "Units: ROUGE F1 × 100; " + INTERVALS
+ARITHMETIC_UNCONDITIONAL_UNITS = (
+    "Units: % of samples (metrics.json value × 100), each sample read as a problem of the "
+    "generator: valid = a question the generator could draw with a solution of its shape; "
+    "correct = valid with every step and the answer right; novel = valid and not one of the "
+    "model's training questions. MAUVE in [0, 1] against the generator's test problems, "
+    "with the offline featurizer (not comparable with gpt2-large MAUVE); gen-PPL under the "
+    "first seed of the trained AR arithmetic model (lower is better; that model scores its "
+    "own family's samples too, so AR's gen-PPL is flattered); entropy in nats per sample. "
+    + INTERVALS
+    + " MAUVE and gen-PPL are one number per run: their interval is over seeds only."
+)
 PAPER_TABLES: dict[str, PaperTable] = {
     table.name: table
     for table in (
-        PaperTable("gsm8k", "gsm8k_pareto"),
-        PaperTable("cnndm", "cnndm"),
-        PaperTable("infill", "rocstories_infill"),
-        PaperTable("unconditional", "unconditional"),
-        PaperTable("likelihood", "likelihood"),
+        PaperTable(
+            "gsm8k",
+            "gsm8k_pareto",
+            "GSM8K speed-quality (Pareto) points",
+            "Units: accuracy in % of problems (metrics.json value × 100); " + INTERVALS,
+        ),
+        PaperTable("cnndm", "cnndm", "CNN/DailyMail summarization", ROUGE_UNITS),
+        PaperTable(
+            "infill",
+            "rocstories_infill",
+            "ROCStories infilling",
+            ROUGE_UNITS + " skipped: stories left out because they do not fit the model length.",
+        ),
+        PaperTable(
+            "unconditional",
+            "unconditional",
+            "Unconditional generation",
+            "Units: MAUVE in [0, 1] (bootstrap: mean ± std over reference subsets); gen-PPL is a "
+            "perplexity (lower is better); entropy in nats; length in tokens per sample; "
+            "rejected: attempts rejected and regenerated (count).",
+        ),
+        PaperTable(
+            "likelihood",
+            "likelihood",
+            "Held-out likelihood",
+            "Units: NLL in nats per counted token (an upper bound for the diffusion families, see "
+            "the definitions); perplexity = exp(NLL); bits per token and per UTF-8 byte; tokens "
+            "counted. " + INTERVALS,
+        ),
         PaperTable(
             "arithmetic",
             "arithmetic_pareto",
+            "Synthetic arithmetic: speed against quality as τ falls",
+            "Units: % of test problems (metrics.json value × 100); "
+            + INTERVALS
+            + " arithmetic-solve rows are scored by accuracy (GSM8K answer extraction), "
+            "arithmetic-infill rows by exact match of the masked step and of its result.",
             claims=True,
             claims_also=("arithmetic-unconditional",),
         ),
-        PaperTable("arithmetic_unconditional", "arithmetic_unconditional"),
+        PaperTable(
+            "arithmetic_unconditional",
+            "arithmetic_unconditional",
+            "Synthetic arithmetic: whole problems sampled from BOS as τ falls",
+            ARITHMETIC_UNCONDITIONAL_UNITS,
+        ),
     )
 }
 
@@ -157,6 +236,10 @@ def _infill(variant: str) -> TaskInfo:
         domain="owt",
         table="infill",
         headline="rougeL",
+        columns=(
+            *_rouge("rouge1", "rouge2", "rougeL"),
+            Quality("skipped_too_long", "skipped", digits=0),
+        ),
         variant=variant,
         dataset="rocstories",
         figure=FigureInfo(f"ROCStories {variant}", "ROUGE-L (F1 × 100)", 100.0),
@@ -176,6 +259,13 @@ def _likelihood(
         domain=domain,
         table="likelihood",
         headline="nll",
+        columns=(
+            Quality("nll", "NLL (nats/token)", digits=3, interval=True),
+            Quality("perplexity", "perplexity"),
+            Quality("bits_per_token", "bits/token", digits=3),
+            Quality("bits_per_byte", "bits/byte", digits=3),
+            Quality("tokens", "tokens", digits=0),
+        ),
         higher_is_better=False,
         data=data,
         dataset=dataset,
@@ -197,6 +287,11 @@ TASKS: dict[str, TaskInfo] = {
             domain="gsm8k",
             table="gsm8k",
             headline="paper_exact",
+            columns=(
+                _percent("paper_exact", "acc paper_exact (%)"),
+                _percent("strict_match", "acc strict_match (%)"),
+                _percent("flexible_extract", "acc flexible_extract (%)"),
+            ),
             accuracy=True,
             dataset="gsm8k",
             figure=FigureInfo("GSM8K", "accuracy, paper_exact (%)", 100.0),
@@ -210,6 +305,7 @@ TASKS: dict[str, TaskInfo] = {
             domain="cnndm",
             table="cnndm",
             headline="rougeL",
+            columns=_rouge("rouge1", "rouge2", "rougeL", "rougeLsum"),
             dataset="cnn_dailymail",
             figure=FigureInfo("CNN/DailyMail", "ROUGE-L (F1 × 100)", 100.0),
         ),
@@ -224,6 +320,14 @@ TASKS: dict[str, TaskInfo] = {
             domain="owt",
             table="unconditional",
             headline="mauve",
+            columns=(
+                Quality("mauve", "MAUVE", digits=3),
+                Quality("mauve_bootstrap", "MAUVE bootstrap", digits=3, spread=True),
+                Quality("gen_ppl", "gen-PPL"),
+                Quality("unigram_entropy", "entropy (nats)"),
+                Quality("length", "length (tokens)", digits=1),
+                Quality("rejection", "rejected", digits=0),
+            ),
             dataset_setting="references",
             figure=FigureInfo("Unconditional generation", "MAUVE"),
             few_samples=True,  # the default's 3 samples
@@ -237,6 +341,10 @@ TASKS: dict[str, TaskInfo] = {
             domain=ARITHMETIC,
             table="arithmetic",
             headline="strict_match",
+            columns=(
+                _percent("strict_match", "acc strict (%)"),
+                _percent("flexible_extract", "acc flexible (%)"),
+            ),
             accuracy=True,
             variant="solve",
             figure=FigureInfo("Synthetic arithmetic (solve)", "accuracy, strict match (%)", 100.0),
@@ -251,6 +359,10 @@ TASKS: dict[str, TaskInfo] = {
             domain=ARITHMETIC,
             table="arithmetic",
             headline="step_exact",
+            columns=(
+                _percent("step_exact", "infill step exact (%)"),
+                _percent("result_exact", "infill result exact (%)"),
+            ),
             variant="infill",
             figure=FigureInfo(
                 "Synthetic arithmetic (infill one step)", "step exact match (%)", 100.0
@@ -268,6 +380,15 @@ TASKS: dict[str, TaskInfo] = {
             domain=ARITHMETIC,
             table="arithmetic_unconditional",
             headline="correct",
+            columns=(
+                _percent("correct", "correct (%)"),
+                _percent("valid", "valid (%)"),
+                _percent("novel", "novel (%)"),
+                Quality("mauve", "MAUVE", digits=3, interval=True),
+                Quality("gen_ppl", "gen-PPL", interval=True),
+                Quality("unigram_entropy", "entropy (nats)", interval=True),
+                Quality("length", "length (tokens)", digits=1),
+            ),
             figure=FigureInfo(
                 "Synthetic arithmetic (whole problems sampled from BOS)",
                 "correct samples (%)",
@@ -329,6 +450,12 @@ def paper_table(name: str) -> PaperTable:
         raise UnknownTaskError(
             f"table {name!r} is not one of {', '.join(PAPER_TABLES)} (setdlm/tasks/__init__.py)"
         ) from None
+
+
+def table_columns(table: str) -> tuple[Quality, ...]:
+    """The quality columns of paper table ``table``: its tasks' columns in task order, each
+    once."""
+    return tuple(dict.fromkeys(q for name in table_tasks(table) for q in TASKS[name].columns))
 
 
 def table_tasks(table: str) -> tuple[str, ...]:
