@@ -86,6 +86,19 @@ def test_every_command_is_a_subcommand_and_every_row_picks_its_task_of_it():
     assert _choices(parsers["infill"], "--variant") == tasks.variants("infill")
 
 
+def test_every_decoding_command_runs_its_points_in_its_task_module():
+    import importlib
+    import inspect
+
+    from setdlm.tasks import COMMAND_MODULES
+
+    assert set(COMMAND_MODULES) == set(tasks.COMMAND_NODES) - {"likelihood"}
+    for command, module in COMMAND_MODULES.items():
+        run_point = importlib.import_module(f"setdlm.tasks.{module}").run_point
+        parameters = list(inspect.signature(run_point).parameters)
+        assert parameters == ["args", "loaded", "tokenizer", "base", "out", "settings"], command
+
+
 def test_likelihood_rows_are_likelihood_of_their_data_and_the_rest_decode():
     for info in ROWS:
         likelihood = info.name.startswith(tasks.LIKELIHOOD_PREFIX)

@@ -11,14 +11,16 @@ override them.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 from pathlib import Path
 
 from setdlm.core.decoding import DecodeConfig
+from setdlm.eval.point import knobs
 from setdlm.eval.runner import resolve_batching
-from setdlm.families import policy_names, with_knobs
+from setdlm.families import policy_names
 from setdlm.results.layout import point_name
-from setdlm.tasks import COMMAND_NODES, likelihood_data, variants
+from setdlm.tasks import COMMAND_MODULES, COMMAND_NODES, likelihood_data, variants
 from setdlm.util.validation import (
     BLOCK_SIZE,
     THRESHOLD,
@@ -134,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     model = loaded.model
     if args.task != "likelihood":
         raise_for(
-            decoding_option_errors(model, args.model, _knobs(args), args.policy)
+            decoding_option_errors(model, args.model, knobs(args), args.policy)
             + budget_errors(
                 getattr(args, "max_new_tokens", None), model.config.length, "--max-new-tokens"
             )
@@ -198,140 +200,14 @@ def _own_policy(family: str) -> str:
     return family_info(family).default_policy.name
 
 
-def _knobs(args) -> dict:
-    return {"window": args.window, "block_size": args.block_size}
-
-
-def _with_options(decode: DecodeConfig, model, args) -> DecodeConfig:
-    """``decode`` with ``--policy`` and the knob options on top of the task's defaults."""
-    return with_knobs(decode, model.config.family, args.policy, **_knobs(args))
-
-
 def _run_point(args, loaded, tokenizer, threshold: float, out: Path, settings) -> dict:
-    from setdlm.eval.paper_decoding import default_stop_cadence, paper_decode_config
-    from setdlm.eval.runner import run_evaluation
+    """One τ point, run by the command's task module (setdlm/tasks/__init__.py
+    COMMAND_MODULES; what every task's point shares: setdlm/eval/point.py)."""
+    from setdlm.eval.paper_decoding import default_stop_cadence
 
-    model, source = loaded.model, loaded.spec or loaded.model
     base = DecodeConfig(
         confidence_threshold=threshold,
         stop_cadence=args.stop_cadence or default_stop_cadence(loaded.spec),
     )
-    if args.task == "gsm8k":
-        from setdlm.tasks.gsm8k import GSM8KTask
-
-        task = GSM8KTask(
-            protocol=args.protocol, limit=args.limit, max_new_tokens=args.max_new_tokens
-        )
-        decode = paper_decode_config("gsm8k", model, base)
-    elif args.task == "cnndm":
-        from setdlm.tasks.cnndm import CnnDmSettings, CnnDmTask, settings_for_model_length
-
-        eos = tokenizer.convert_ids_to_tokens(model.config.eos_token_id)
-        task_settings = CnnDmSettings(limit=args.limit, stop=args.stop, eos_token=eos)
-        if model.config.length < 768:
-            task_settings = settings_for_model_length(model.config.length, tokenizer, task_settings)
-        task, decode = CnnDmTask(task_settings), paper_decode_config("cnndm", source, base)
-    elif args.task == "infill":
-        from setdlm.tasks.infill import InfillSettings, InfillTask
-
-        task = InfillTask(
-            InfillSettings(
-                variant=args.variant,
-                repetition=args.repetition,
-                limit=args.limit,
-                too_long="skip" if args.skip_too_long else "error",
-            )
-        )
-        decode = paper_decode_config("infill", source, base)
-        if args.infill_cache != "full":  # the policies that infill from both contexts have it
-            decode = with_knobs(decode, model.config.family, infill_cache=args.infill_cache)
-    elif args.task == "arithmetic":
-        from setdlm.tasks.arithmetic_task import (
-            ArithmeticSettings,
-            ArithmeticTask,
-            arithmetic_decode_config,
-        )
-
-        task = ArithmeticTask(
-            ArithmeticSettings(
-                variant=args.variant,
-                limit=args.limit,
-                problem_seed=args.problem_seed,
-                generator=args.generator,
-                max_new_tokens=args.max_new_tokens,
-            )
-        )
-        decode = arithmetic_decode_config(model, base)
-    else:
-        return _run_unconditional(args, loaded, tokenizer, base, out, settings)
-    decode = _with_options(decode, model, args)
-    metrics = run_evaluation(
-        task, model, tokenizer, decode, out, settings, model_source=loaded.source(args.model)
-    )
-    if getattr(args, "paper_throughput", 0):  # the tasks with a paper speed protocol
-        from setdlm.eval.throughput import paper_throughput
-
-        paper_throughput(
-            task,
-            model,
-            tokenizer,
-            decode,
-            out,
-            measured=args.paper_throughput,
-            warmup=args.paper_warmup,
-            seed=args.seed,
-        )
-    return metrics
-
-
-def _run_unconditional(args, loaded, tokenizer, base: DecodeConfig, out: Path, settings) -> dict:
-    from setdlm.tasks import arithmetic
-    from setdlm.tasks.arithmetic_task import training_problems
-    from setdlm.tasks.sample_rules import Rejection
-    from setdlm.tasks.unconditional import (
-        GenerationSettings,
-        ScoringSettings,
-        UnconditionalTask,
-        run_unconditional,
-    )
-
-    family = loaded.model.config.family
-    changes = {
-        "num_samples": args.samples,
-        "max_new_tokens": args.max_new_tokens or loaded.model.config.length - 1,
-        "rejection": Rejection(*args.reject),  # ENTROPY,LENGTH,ATTEMPTS, by the schema's rules
-    }
-    if args.references in arithmetic.GRAMMARS:  # samples judged as problems of that generator
-        changes["grammar"] = args.references
-        changes["training_problems"] = training_problems(args.model)
-    if args.top_p is not None:
-        changes["top_p"] = args.top_p
-    if args.repetition_penalty is not None:
-        changes["repetition_penalty"] = args.repetition_penalty
-    if not args.confidence_stop:
-        changes["low_confidence_stop"] = None
-    if not args.entropy_stop:
-        changes["entropy_stop"] = None
-    generation = (
-        GenerationSettings.table4(family, **changes)
-        if args.table4
-        else GenerationSettings(**changes)
-    )
-    scoring = ScoringSettings(
-        references=args.references,
-        num_references=args.num_references,
-        text_protocol=args.text_protocol,
-        featurizer=args.featurizer,
-        evaluator=None if args.evaluator == "none" else args.evaluator,
-        bootstrap_subsets=args.bootstrap_subsets,
-    )
-    decode = _with_options(base, loaded.model, args)
-    return run_unconditional(
-        UnconditionalTask(generation, scoring),
-        loaded.model,
-        tokenizer,
-        decode,
-        out,
-        settings,
-        model_source=loaded.source(args.model),
-    )
+    module = importlib.import_module(f"setdlm.tasks.{COMMAND_MODULES[args.task]}")
+    return module.run_point(args, loaded, tokenizer, base, out, settings)

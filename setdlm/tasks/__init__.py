@@ -46,6 +46,15 @@ COMMAND_NODES = {
     "likelihood": "likelihood",
     "arithmetic": "arithmetic-solve",  # infill's settings are solve's, less the budget
 }
+# The module of this package whose ``run_point(args, loaded, tokenizer, base, out, settings)``
+# runs one point of each decoding command (likelihood scores a held-out set, no τ point).
+COMMAND_MODULES = {
+    "gsm8k": "gsm8k",
+    "cnndm": "cnndm",
+    "infill": "infill",
+    "unconditional": "unconditional",
+    "arithmetic": "arithmetic_task",
+}
 
 
 @dataclass(frozen=True)

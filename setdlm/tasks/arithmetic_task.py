@@ -158,3 +158,22 @@ def training_problems(model: str) -> dict | None:
     if not isinstance(data, dict) or data.get("split") != "train" or "generator" not in data:
         return None
     return data
+
+
+# ---------------------------------------------- `setdlm eval arithmetic`, one point
+def run_point(args, loaded, tokenizer, base: DecodeConfig, out: Path, settings) -> dict:
+    """One point of `setdlm eval arithmetic` (solve or infill, by ``--variant``; setdlm/eval/
+    point.py runs it)."""
+    from setdlm.eval.point import evaluate
+
+    task = ArithmeticTask(
+        ArithmeticSettings(
+            variant=args.variant,
+            limit=args.limit,
+            problem_seed=args.problem_seed,
+            generator=args.generator,
+            max_new_tokens=args.max_new_tokens,
+        )
+    )
+    decode = arithmetic_decode_config(loaded.model, base)
+    return evaluate(task, decode, args, loaded, tokenizer, out, settings)

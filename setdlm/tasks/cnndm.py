@@ -263,3 +263,19 @@ class CnnDmTask(Task):
     def aggregate(self, records: list[dict]) -> dict[str, dict]:
         per_example = [r["scores"] for r in records]
         return aggregate_rouge(per_example, self.config.rouge) | flag_counts(records)
+
+
+# ---------------------------------------------- `setdlm eval cnndm`, one point
+def run_point(args, loaded, tokenizer, base: DecodeConfig, out: Path, settings) -> dict:
+    """One point of `setdlm eval cnndm`: the paper's settings, fitted to a model shorter than
+    the paper's (setdlm/eval/point.py runs it)."""
+    from setdlm.eval.paper_decoding import paper_decode_config
+    from setdlm.eval.point import evaluate
+
+    model = loaded.model
+    eos = tokenizer.convert_ids_to_tokens(model.config.eos_token_id)
+    task_settings = CnnDmSettings(limit=args.limit, stop=args.stop, eos_token=eos)
+    if model.config.length < 768:
+        task_settings = settings_for_model_length(model.config.length, tokenizer, task_settings)
+    decode = paper_decode_config("cnndm", loaded.spec or model, base)
+    return evaluate(CnnDmTask(task_settings), decode, args, loaded, tokenizer, out, settings)

@@ -403,3 +403,15 @@ class GSM8KTask(Task):
                 "prompt_template": template,
             }
         return quality
+
+
+# ---------------------------------------------- `setdlm eval gsm8k`, one point
+def run_point(args, loaded, tokenizer, base: DecodeConfig, out: Path, settings) -> dict:
+    """One point of `setdlm eval gsm8k`: the protocol's task, the paper's decoding settings for
+    the model (setdlm/eval/point.py runs it)."""
+    from setdlm.eval.paper_decoding import paper_decode_config
+    from setdlm.eval.point import evaluate
+
+    task = GSM8KTask(protocol=args.protocol, limit=args.limit, max_new_tokens=args.max_new_tokens)
+    decode = paper_decode_config("gsm8k", loaded.model, base)
+    return evaluate(task, decode, args, loaded, tokenizer, out, settings)

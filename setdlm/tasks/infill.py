@@ -288,3 +288,26 @@ def _id_of(tokenizer, text: str | None) -> int | None:
 
 def _first_known(*ids: int | None) -> int | None:
     return next((i for i in ids if i is not None), None)
+
+
+# ---------------------------------------------- `setdlm eval infill`, one point
+def run_point(args, loaded, tokenizer, base: DecodeConfig, out: Path, settings) -> dict:
+    """One point of `setdlm eval infill`: the variant's stories, the paper's decoding settings,
+    and the infill cache where the policy infills from both contexts (setdlm/eval/point.py runs
+    it)."""
+    from setdlm.eval.paper_decoding import paper_decode_config
+    from setdlm.eval.point import evaluate
+    from setdlm.families import with_knobs
+
+    task = InfillTask(
+        InfillSettings(
+            variant=args.variant,
+            repetition=args.repetition,
+            limit=args.limit,
+            too_long="skip" if args.skip_too_long else "error",
+        )
+    )
+    decode = paper_decode_config("infill", loaded.spec or loaded.model, base)
+    if args.infill_cache != "full":  # the policies that infill from both contexts have it
+        decode = with_knobs(decode, loaded.model.config.family, infill_cache=args.infill_cache)
+    return evaluate(task, decode, args, loaded, tokenizer, out, settings)

@@ -847,3 +847,52 @@ def _counts(values) -> dict[str, int]:
     for value in values:
         counts[value] = counts.get(value, 0) + 1
     return dict(sorted(counts.items()))
+
+
+# ---------------------------------------------- `setdlm eval unconditional`, one point
+def run_point(args, loaded, tokenizer, base: DecodeConfig, out: Path, settings) -> dict:
+    """One point of `setdlm eval unconditional`: its generation and scoring settings from the
+    command line (Table 4's with ``--table4``; a generator's grammar and training problems with
+    ``--references arithmetic-<n>``), sampled and scored by run_unconditional."""
+    from setdlm.eval.point import with_options
+    from setdlm.tasks.arithmetic_task import training_problems
+
+    family = loaded.model.config.family
+    changes = {
+        "num_samples": args.samples,
+        "max_new_tokens": args.max_new_tokens or loaded.model.config.length - 1,
+        "rejection": Rejection(*args.reject),  # ENTROPY,LENGTH,ATTEMPTS, by the schema's rules
+    }
+    if args.references in arithmetic.GRAMMARS:  # samples judged as problems of that generator
+        changes["grammar"] = args.references
+        changes["training_problems"] = training_problems(args.model)
+    if args.top_p is not None:
+        changes["top_p"] = args.top_p
+    if args.repetition_penalty is not None:
+        changes["repetition_penalty"] = args.repetition_penalty
+    if not args.confidence_stop:
+        changes["low_confidence_stop"] = None
+    if not args.entropy_stop:
+        changes["entropy_stop"] = None
+    generation = (
+        GenerationSettings.table4(family, **changes)
+        if args.table4
+        else GenerationSettings(**changes)
+    )
+    scoring = ScoringSettings(
+        references=args.references,
+        num_references=args.num_references,
+        text_protocol=args.text_protocol,
+        featurizer=args.featurizer,
+        evaluator=None if args.evaluator == "none" else args.evaluator,
+        bootstrap_subsets=args.bootstrap_subsets,
+    )
+    return run_unconditional(
+        UnconditionalTask(generation, scoring),
+        loaded.model,
+        tokenizer,
+        with_options(base, loaded.model, args),
+        out,
+        settings,
+        model_source=loaded.source(args.model),
+    )
