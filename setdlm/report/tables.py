@@ -34,43 +34,24 @@ from setdlm.tasks import PAPER_TABLES, TASKS, Quality, paper_table, table_column
 from setdlm.util.files import atomic_write_text
 
 
-@dataclass(frozen=True)
-class Metric:
-    """A quality column of a table (a task's ``Quality``, setdlm/tasks/__init__.py): its header
-    and how a point's cell reads from metrics.json."""
+def _column(quality: Quality) -> Column:
+    """A quality's table column (a task's ``Quality``, setdlm/tasks/__init__.py)."""
+    return Column(
+        quality.name, quality.label, quality.digits, quality.spread, ranged=quality.interval
+    )
 
-    quality: Quality
 
-    @property
-    def name(self) -> str:
-        return self.quality.name
-
-    @property
-    def label(self) -> str:
-        return self.quality.label
-
-    @property
-    def scale(self) -> float:
-        return self.quality.scale
-
-    @property
-    def digits(self) -> int:
-        return self.quality.digits
-
-    def column(self) -> Column:
-        q = self.quality
-        return Column(q.name, q.label, q.digits, q.spread, ranged=q.interval)
-
-    def cell(self, point: ResultPoint):
-        q = self.quality
-        entry = point.metrics.get("quality", {}).get(q.name)
-        if entry is None:
-            return None
-        value, std = _scaled(entry["value"], q.scale), _scaled(entry.get("std"), q.scale)
-        if q.interval:
-            low, high = point.interval(q.name) or (None, None)
-            return (value, _scaled(low, q.scale), _scaled(high, q.scale))
-        return (value, std) if q.spread else value
+def _cell(quality: Quality, point: ResultPoint):
+    """A point's cell of a quality column, read from its metrics.json and scaled."""
+    entry = point.metrics.get("quality", {}).get(quality.name)
+    if entry is None:
+        return None
+    scale = quality.scale
+    value, std = _scaled(entry["value"], scale), _scaled(entry.get("std"), scale)
+    if quality.interval:
+        low, high = point.interval(quality.name) or (None, None)
+        return (value, _scaled(low, scale), _scaled(high, scale))
+    return (value, std) if quality.spread else value
 
 
 @dataclass(frozen=True)
@@ -89,8 +70,8 @@ class TableSpec:
         return paper_table(self.table).units
 
     @property
-    def metrics(self) -> tuple[Metric, ...]:
-        return tuple(Metric(quality) for quality in table_columns(self.table))
+    def metrics(self) -> tuple[Quality, ...]:
+        return table_columns(self.table)
 
     @property
     def key(self) -> str:
@@ -295,7 +276,7 @@ def decoding_table(spec: TableSpec, results: Results) -> Table:
     columns = (
         task_column
         + _identity_columns()
-        + [m.column() for m in spec.metrics]
+        + [_column(m) for m in spec.metrics]
         + SPEED_COLUMNS
         + TRACE_COLUMNS
     )
@@ -369,7 +350,7 @@ def _decoding_row(point: ResultPoint, spec: TableSpec) -> dict:
         "tau": point.tau,
         "examples": point.metrics.get("examples"),
         "seeds": len(point.seeds) or 1,
-        **{m.name: m.cell(point) for m in spec.metrics},
+        **{m.name: _cell(m, point) for m in spec.metrics},
         "tokens_per_second": None if mean is None else (mean, speed.get("tokens_per_second_std")),
         "tokens_per_second_median": (
             speed.get("tokens_per_second_median"),
@@ -462,7 +443,7 @@ def gsm8k_table(results: Results) -> Table:
     rows.sort(key=lambda item: item[0])
     columns = (
         _identity_columns()
-        + [m.column() for m in GSM8K.metrics]
+        + [_column(m) for m in GSM8K.metrics]
         + SPEED_COLUMNS
         + PUBLISHED_COLUMNS
         + TRACE_COLUMNS
@@ -486,7 +467,7 @@ def gsm8k_table(results: Results) -> Table:
 
 def _gsm8k_table_without_published(results: Results, points, reasons: dict) -> Table:
     columns = (
-        _identity_columns() + [m.column() for m in GSM8K.metrics] + SPEED_COLUMNS + TRACE_COLUMNS
+        _identity_columns() + [_column(m) for m in GSM8K.metrics] + SPEED_COLUMNS + TRACE_COLUMNS
     )
     rows = [_decoding_row(point, GSM8K) for point in points]
     reason_of = {id(point.metrics): reasons[point.key] for point in points}
@@ -565,7 +546,7 @@ def likelihood_table(results: Results) -> Table:
         Column("model", "model"),
         Column("measures", "measures"),
         Column("examples", "sequences", 0),
-        *[m.column() for m in LIKELIHOOD.metrics],
+        *[_column(m) for m in LIKELIHOOD.metrics],
         *TRACE_COLUMNS,
     ]
     rows = [
@@ -574,7 +555,7 @@ def likelihood_table(results: Results) -> Table:
             "model": p.model,
             "measures": likelihood_measured(p),
             "examples": p.metrics.get("examples"),
-            **{m.name: m.cell(p) for m in LIKELIHOOD.metrics},
+            **{m.name: _cell(m, p) for m in LIKELIHOOD.metrics},
             "point": p.key,
             "config_hash": p.metrics.get("config_hash"),
         }
