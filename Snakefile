@@ -20,15 +20,18 @@ from setdlm.results import layout
 from setdlm.workflow import datasets
 from setdlm.workflow import plan as workflow_plan
 from setdlm.workflow.config import ConfigError
-from setdlm.workflow.invocation import executes
+from setdlm.workflow.invocation import command_line_skips_the_lock, executes
 from setdlm.workflow.locks import lock_holders, lock_message
 
 # Snakemake's own lock message is the same whether the run holding the lock is alive or was
 # killed; say which, before it refuses to start (nothing is printed when nothing is locked,
-# nor in a job's own process, which runs under the head's lock).
+# nor in a job's own process, which runs under the head's lock). Under --nolock it does not
+# refuse: then say only that another run is alive here.
 _HOLDERS = lock_holders(Path.cwd()) if workflow.is_main_process else None
 if _HOLDERS is not None:
-    print(lock_message(Path.cwd(), _HOLDERS), file=sys.stderr)
+    _MESSAGE = lock_message(Path.cwd(), _HOLDERS, nolock=command_line_skips_the_lock())
+    if _MESSAGE:
+        print(_MESSAGE, file=sys.stderr)
 
 
 # The embedded default, unless --configfile (or the profile) names a configuration: loading

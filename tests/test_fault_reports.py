@@ -36,6 +36,10 @@ def test_a_lock_left_by_a_killed_run_and_one_held_by_a_live_run_are_told_apart(t
         report = lock_report(tmp_path)
         assert f"locked by a running snakemake (pid {live.pid})" in report
         assert "Do not --unlock" in report
+        # started with --nolock, Snakemake will not refuse: the message must not say "wait"
+        beside = lock_report(tmp_path, nolock=True)
+        assert f"(pid {live.pid}); with --nolock this run goes on beside it" in beside
+        assert "wait" not in beside
         link = tmp_path.parent / f"{tmp_path.name}-link"  # the same folder by another name
         link.symlink_to(tmp_path)
         assert f"(pid {live.pid})" in lock_report(link)
@@ -43,6 +47,15 @@ def test_a_lock_left_by_a_killed_run_and_one_held_by_a_live_run_are_told_apart(t
         live.kill()
         live.wait(timeout=10)
     assert "was killed" in lock_report(tmp_path)
+    assert lock_report(tmp_path, nolock=True) is None  # a dead lock does not stop --nolock
+
+
+def test_the_command_line_says_whether_the_lock_is_skipped():
+    from setdlm.workflow.invocation import command_line_skips_the_lock
+
+    assert command_line_skips_the_lock(["--nolock", "-n", "all_tables"])
+    assert not command_line_skips_the_lock(["all_tables"])
+    assert not command_line_skips_the_lock(["--no-such-option"])  # not a Snakemake command line
 
 
 def test_a_failure_on_a_full_disk_says_no_space_left(tmp_path):

@@ -318,6 +318,27 @@ def test_the_training_check_holds_a_retraining_to_the_reference_seed_spread(tmp_
     assert len(problems) == 1 and problems[0].startswith("setdlm-smax8-arith seed 7: accuracy")
     with pytest.raises(training_check.TrainingCheckError, match="no <model>/seed-<k>"):
         training_check.compare(baseline, tmp_path / "nothing")
+    # one seed: no mean to compare; three seeds of another CPU, centred or 4 points low
+    assert training_check.mean_comparisons(baseline, close) == []
+    portable, shifted = tmp_path / "portable", tmp_path / "shifted"
+    for seed, accuracy in enumerate([0.905, 0.915, 0.92]):
+        _write_training(portable, "setdlm-smax8-arith", seed, 0.40, accuracy)
+        _write_training(shifted, "setdlm-smax8-arith", seed, 0.40, accuracy - 0.04)
+    [(line, agree)] = training_check.mean_comparisons(baseline, portable)
+    assert agree and "difference +0.0033" in line
+    [(line, agree)] = training_check.mean_comparisons(baseline, shifted)
+    assert not agree and line.endswith("DIFFER")
+
+
+def test_the_welch_interval_of_a_difference_of_seed_means():
+    from setdlm.report.training_check import welch_difference
+
+    # equal variances 1e-4 and n = 3 on both sides: se = sqrt(2e-4 / 3), df = 4, t = 2.776
+    difference, low, high = welch_difference([0.90, 0.91, 0.92], [0.88, 0.89, 0.90])
+    assert difference == pytest.approx(0.02)
+    assert high - difference == pytest.approx(2.776 * (2e-4 / 3) ** 0.5)
+    assert difference - low == pytest.approx(high - difference)
+    assert welch_difference([0.5, 0.5], [0.5, 0.5]) == (0.0, 0.0, 0.0)
 
 
 # ------------------------------------------------------------------ the decoding check

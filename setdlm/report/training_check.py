@@ -15,6 +15,12 @@ A checked model passes a metric when it lies within ``SPREADS`` standard deviati
 reference mean, with a floor where the seeds happen to agree closely (``FLOORS``: one problem in
 a hundred for accuracy, 0.01 nats for the loss): a tolerance derived from the measured seed
 spread, never a blanket factor. The baseline states both next to the values.
+
+Where the checked folder holds two seeds or more of a model (another CPU's training of the
+reference seeds, say), the means are compared too (``mean_comparisons``): on the final accuracy,
+the checked seeds' mean against the reference seeds', with a Welch 95 % interval of the
+difference over seeds. The two agree when that interval contains 0; a training recipe is portable
+in distribution when every model agrees.
 """
 
 from __future__ import annotations
@@ -116,6 +122,54 @@ def write_baseline(path: Path, models: Path) -> dict:
     return baseline
 
 
+# Two-sided 95 % quantiles of Student's t by degrees of freedom (1-30; beyond, 2.0 is within
+# 2 % of every value). A fractional Welch df is rounded down: the wider interval.
+T_975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+COMPARED_MEANS = ("accuracy",)
+
+
+def t_975(df: float) -> float:
+    return T_975[min(max(int(df), 1), len(T_975)) - 1] if df <= len(T_975) else 2.0
+
+
+def welch_difference(here: list[float], there: list[float]) -> tuple[float, float, float]:
+    """mean(here) - mean(there) with its Welch 95 % interval over the seeds of each side."""
+    difference = statistics.fmean(here) - statistics.fmean(there)
+    a, b = statistics.variance(here) / len(here), statistics.variance(there) / len(there)
+    if a + b == 0:
+        return difference, difference, difference
+    df = (a + b) ** 2 / (a**2 / (len(here) - 1) + b**2 / (len(there) - 1))
+    half = t_975(df) * math.sqrt(a + b)
+    return difference, difference - half, difference + half
+
+
+def mean_comparisons(baseline: dict, models: Path) -> list[tuple[str, bool]]:
+    """Per model with at least two checked seeds and two reference seeds, one line per compared
+    metric (the two means, the difference with its interval) and whether the two agree."""
+    lines = []
+    for model, seeds in sorted(trained_seeds(models).items()):
+        expected = baseline["models"].get(model, {})
+        for name in COMPARED_MEANS:
+            reference = list(expected.get(name, {}).get("seeds", {}).values())
+            here = [metrics[name] for metrics in seeds.values() if name in metrics]
+            if len(here) < 2 or len(reference) < 2:
+                continue
+            difference, low, high = welch_difference(here, reference)
+            agree = low <= 0 <= high
+            lines.append((
+                f"{model} {name}: mean {statistics.fmean(here):.4f} over {len(here)} seeds here, "
+                f"{statistics.fmean(reference):.4f} over {len(reference)} reference seeds; "
+                f"difference {difference:+.4f} [{low:+.4f}, {high:+.4f}] (Welch 95 % over "
+                f"seeds): {'agree' if agree else 'DIFFER'}",
+                agree,
+            ))  # fmt: skip
+    return lines
+
+
 def compare(baseline: dict, models: Path) -> list[str]:
     """Every checked value outside its tolerance, as a line naming model, seed and metric."""
     problems = []
@@ -161,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     problems = compare(baseline, args.models)
     for problem in problems:
         print(f"FAIL {problem}")
+    for line, agree in mean_comparisons(baseline, args.models):
+        print(f"{'MEANS' if agree else 'FAIL MEANS'} {line}")
+        if not agree:
+            problems.append(line)
     checked = sum(len(seeds) for seeds in trained_seeds(args.models).values())
     verdict = "FAILED" if problems else "PASSED"
     print(

@@ -62,16 +62,31 @@ def executes(workflow, argv: list[str] | None = None) -> bool:
     return command_line_executes(sys.argv[1:] if argv is None else argv)
 
 
-def command_line_executes(argv: list[str]) -> bool:
-    """Whether ``snakemake ARGV`` runs jobs; False when ARGV is not a Snakemake command line."""
+def parsed_command_line(argv: list[str]):
+    """Snakemake's own parse of ``snakemake ARGV`` (profiles included); None when ARGV is not a
+    Snakemake command line."""
     from snakemake.cli import parse_args
 
     try:
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
             _, args = parse_args(argv)
-    except (SystemExit, Exception):  # not a Snakemake command line: do not repair
+    except (SystemExit, Exception):
+        return None
+    return args
+
+
+def command_line_executes(argv: list[str]) -> bool:
+    """Whether ``snakemake ARGV`` runs jobs; False when ARGV is not a Snakemake command line."""
+    args = parsed_command_line(argv)
+    if args is None:  # not a Snakemake command line: do not repair
         return False
     if any(getattr(args, option, None) for option in NON_EXECUTING_OPTIONS):
         return False
     # --report alone writes a report of an earlier run; with --report-after-run it runs first
     return not args.report or bool(args.report_after_run)
+
+
+def command_line_skips_the_lock(argv: list[str] | None = None) -> bool:
+    """Whether ``snakemake ARGV`` runs with ``--nolock`` (beside whatever holds the lock)."""
+    args = parsed_command_line(sys.argv[1:] if argv is None else argv)
+    return bool(args is not None and getattr(args, "nolock", False))

@@ -61,15 +61,26 @@ def parent_pid(pid: int) -> int | None:
         return None
 
 
-def lock_report(workdir: Path) -> str | None:
+def lock_report(workdir: Path, nolock: bool = False) -> str | None:
     """What to tell the user about a locked ``workdir``; None when it is not locked."""
-    return lock_message(workdir, lock_holders(workdir))
+    return lock_message(workdir, lock_holders(workdir), nolock)
 
 
-def lock_message(workdir: Path, holders: list[int] | None) -> str | None:
-    """The message for ``workdir`` with these ``lock_holders``."""
+def lock_message(workdir: Path, holders: list[int] | None, nolock: bool = False) -> str | None:
+    """The message for ``workdir`` with these ``lock_holders``; ``nolock``: this run was
+    started with ``--nolock``, so Snakemake will not refuse it."""
     if holders is None:
         return None
+    if nolock:
+        # The user chose to run beside the lock: say so only where another run is alive, since
+        # that run owns the results it is writing (this one repairs none of them).
+        if not holders:
+            return None
+        return (
+            f"{workdir}: another snakemake runs here (pid {', '.join(map(str, holders))}); with "
+            "--nolock this run goes on beside it, and repairs no result (the other run owns "
+            "them). Its targets must not overlap the other run's."
+        )
     if holders:
         return (
             f"{workdir} is locked by a running snakemake (pid {', '.join(map(str, holders))}): "
