@@ -379,3 +379,33 @@ def test_the_decoding_check_compares_tokens_scores_and_counted_speed():
     assert any("nfe_mean 21" in p for p in compare(baseline, [decoded(nfe=21.0)])[0].problems)
     # the first 20 examples only: their own baseline accuracy, no counted speed compared
     assert compare(baseline, [decoded(nfe=30.0, subset=20)])[0].problems == []
+
+
+# ------------------------------------------------------------------ the committed references
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_every_seed_of_the_default_reuses_its_committed_reference_model():
+    """`make run` copies a reference model only when its recipe is the default's; a recipe
+    changed without `make reference-models` would retrain (an hour) where it should copy."""
+    from setdlm.workflow.config import load, model_seeds
+    from setdlm.workflow.train import model_recipe, reference_model
+
+    config = load(REPO / "workflows" / "config" / "tiny.yaml", check_data=False)
+    config["reference_models"] = str(REPO / config["reference_models"])
+    pairs = [(name, seed) for name in config["models"] for seed in model_seeds(config, name) or ()]
+    assert len(pairs) >= 12  # four arithmetic models, three seeds each
+    stale = [
+        (name, seed)
+        for name, seed in pairs
+        if reference_model(config, name, seed, model_recipe(config, name, seed)) is None
+    ]
+    assert stale == [], "recipes without a committed reference model (make reference-models)"
+
+
+def test_the_readme_quotes_the_reference_claims_table():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    quoted = readme.split("<!-- CLAIMS TABLE", 1)[1].split("<!-- END CLAIMS TABLE -->", 1)[0]
+    reference = (REPO / "results/reference/tiny/tables/claims.md").read_text(encoding="utf-8")
+    rows = [line for line in reference.splitlines() if line.startswith("| ")]
+    assert len(rows) >= 10 and all(row in quoted.splitlines() for row in rows)

@@ -123,16 +123,29 @@ def tiny_settings(config: dict, name: str, seed: int | None = None):
     return TinySettings(**settings, block_size=block_size)
 
 
+def model_recipe(config: dict, name: str, seed: int | None = None) -> dict:
+    """What a trained model is a function of (with the code): model, family, settings (the
+    seed among them) and training data. A reference copy is reused only for the same recipe."""
+    from dataclasses import asdict
+
+    from setdlm.recipes.tiny import corpus_identity
+
+    settings = tiny_settings(config, name, seed)
+    return {
+        "model": name,
+        "family": config["models"][name]["family"],
+        "settings": asdict(settings),
+        "data": corpus_identity(settings),
+    }
+
+
 def train_model(
     name: str, config: dict, out: Path, work: Path, log=print, seed: int | None = None
 ) -> dict:
-    from dataclasses import asdict
-
     from setdlm.checkpoints.folders import save_model
     from setdlm.recipes.tiny import (
         build_tiny_model,
         corpus_documents,
-        corpus_identity,
         tiny_tokenizer,
         tiny_train_config,
         training_set,
@@ -142,12 +155,7 @@ def train_model(
 
     family = config["models"][name]["family"]
     settings = tiny_settings(config, name, seed)
-    recipe = {
-        "model": name,
-        "family": family,
-        "settings": asdict(settings),
-        "data": corpus_identity(settings),
-    }
+    recipe = model_recipe(config, name, seed)
     reference = reference_model(config, name, seed, recipe)
     if reference is not None:
         return _copy_reference(name, reference, out, log)
