@@ -300,6 +300,9 @@ def _write_training(models: Path, model: str, seed: int, loss: float, accuracy: 
 def test_the_training_check_holds_a_retraining_to_the_reference_seed_spread(tmp_path):
     from setdlm.report import training_check
 
+    def seeds(folder):
+        return training_check.trained_seeds(folder)
+
     reference = tmp_path / "reference"
     for seed, (loss, accuracy) in enumerate([(0.40, 0.90), (0.41, 0.92), (0.39, 0.91)]):
         _write_training(reference, "setdlm-smax8-arith", seed, loss, accuracy)
@@ -313,20 +316,20 @@ def test_the_training_check_holds_a_retraining_to_the_reference_seed_spread(tmp_
     close, far = tmp_path / "close", tmp_path / "far"
     _write_training(close, "setdlm-smax8-arith", 7, 0.405, 0.925)  # one more seed, it seems
     _write_training(far, "setdlm-smax8-arith", 7, 0.405, 0.80)  # 11 points off: 5 std
-    assert training_check.compare(baseline, close) == []
-    problems = training_check.compare(baseline, far)
+    assert training_check.compare(baseline, seeds(close)) == []
+    problems = training_check.compare(baseline, seeds(far))
     assert len(problems) == 1 and problems[0].startswith("setdlm-smax8-arith seed 7: accuracy")
     with pytest.raises(training_check.TrainingCheckError, match="no <model>/seed-<k>"):
-        training_check.compare(baseline, tmp_path / "nothing")
+        seeds(tmp_path / "nothing")
     # one seed: no mean to compare; three seeds of another CPU, centred or 4 points low
-    assert training_check.mean_comparisons(baseline, close) == []
+    assert training_check.mean_comparisons(baseline, seeds(close)) == []
     portable, shifted = tmp_path / "portable", tmp_path / "shifted"
     for seed, accuracy in enumerate([0.905, 0.915, 0.92]):
         _write_training(portable, "setdlm-smax8-arith", seed, 0.40, accuracy)
         _write_training(shifted, "setdlm-smax8-arith", seed, 0.40, accuracy - 0.04)
-    [(line, agree)] = training_check.mean_comparisons(baseline, portable)
+    [(line, agree)] = training_check.mean_comparisons(baseline, seeds(portable))
     assert agree and "difference +0.0033" in line
-    [(line, agree)] = training_check.mean_comparisons(baseline, shifted)
+    [(line, agree)] = training_check.mean_comparisons(baseline, seeds(shifted))
     assert not agree and line.endswith("DIFFER")
 
 

@@ -147,11 +147,12 @@ def welch_difference(here: list[float], there: list[float]) -> tuple[float, floa
     return difference, difference - half, difference + half
 
 
-def mean_comparisons(baseline: dict, models: Path) -> list[tuple[str, bool]]:
-    """Per model with at least two checked seeds and two reference seeds, one line per compared
-    metric (the two means, the difference with its interval) and whether the two agree."""
+def mean_comparisons(baseline: dict, found: dict) -> list[tuple[str, bool]]:
+    """Per model of ``found`` (trained_seeds) with at least two checked seeds and two reference
+    seeds, one line per compared metric (the two means, the difference with its interval) and
+    whether the two agree."""
     lines = []
-    for model, seeds in sorted(trained_seeds(models).items()):
+    for model, seeds in sorted(found.items()):
         expected = baseline["models"].get(model, {})
         for name in COMPARED_MEANS:
             reference = list(expected.get(name, {}).get("seeds", {}).values())
@@ -170,10 +171,10 @@ def mean_comparisons(baseline: dict, models: Path) -> list[tuple[str, bool]]:
     return lines
 
 
-def compare(baseline: dict, models: Path) -> list[str]:
-    """Every checked value outside its tolerance, as a line naming model, seed and metric."""
+def compare(baseline: dict, found: dict) -> list[str]:
+    """Every value of ``found`` (trained_seeds) outside its tolerance, as a line naming model,
+    seed and metric."""
     problems = []
-    found = trained_seeds(models)
     for model, seeds in sorted(found.items()):
         expected = baseline["models"].get(model)
         if expected is None:
@@ -212,14 +213,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     write = "`setdlm check-training MODELS --write` writes one"
     baseline = read_json(args.baseline, TrainingCheckError, write)
-    problems = compare(baseline, args.models)
+    found = trained_seeds(args.models)
+    problems = compare(baseline, found)
     for problem in problems:
         print(f"FAIL {problem}")
-    for line, agree in mean_comparisons(baseline, args.models):
+    for line, agree in mean_comparisons(baseline, found):
         print(f"{'MEANS' if agree else 'FAIL MEANS'} {line}")
         if not agree:
             problems.append(line)
-    checked = sum(len(seeds) for seeds in trained_seeds(args.models).values())
+    checked = sum(len(seeds) for seeds in found.values())
     verdict = "FAILED" if problems else "PASSED"
     print(
         f"setdlm check-training {verdict}: {checked} trained model(s) in {args.models} against "
