@@ -276,6 +276,22 @@ def test_learning_curves_say_whether_the_last_quarter_is_flat(tmp_path):
     assert "| setdlm-smax8-arith | 3 | 1600 |" in summary and "still changing" in summary
 
 
+def test_a_curve_that_reaches_the_ceiling_late_is_flat_and_one_that_climbs_to_it_is_not(tmp_path):
+    # 200 problems: 100 % on every seed has a plain binomial error of 0, which would call one
+    # probe step (0.5 points) in the last quarter "still changing"; the adjusted error does not
+    assert curves.probe_standard_error(1.0, 200) == pytest.approx(0.0069, abs=1e-4)
+    assert curves.probe_standard_error(0.5, 200) == pytest.approx(0.035, abs=1e-3)
+    models = tmp_path / "models"
+    for seed in range(3):
+        late = [0.99] * 12 + [0.995, 1.0, 1.0, 1.0]  # the last point comes in the last quarter
+        climbing = [0.8] * 12 + [0.85, 0.9, 0.95, 1.0]  # 15 points over the last quarter
+        _write_curve(models, "ar-arith", seed, late)
+        _write_curve(models, "setdlm-smax8-arith", seed, climbing)
+    verdicts = {v.model: v for v in curves.convergence(curves.read_curves(models))}
+    assert verdicts["ar-arith"].flat and verdicts["ar-arith"].noise > 0
+    assert not verdicts["setdlm-smax8-arith"].flat
+
+
 def test_a_broken_curve_file_is_named_with_its_line(tmp_path):
     models = tmp_path / "models"
     _write_curve(models, "ar-arith", 0, [0.1, 0.2])
@@ -338,10 +354,18 @@ def test_the_welch_interval_of_a_difference_of_seed_means():
 
     # equal variances 1e-4 and n = 3 on both sides: se = sqrt(2e-4 / 3), df = 4, t = 2.776
     difference, low, high = welch_difference([0.90, 0.91, 0.92], [0.88, 0.89, 0.90])
+    high_wide = high
     assert difference == pytest.approx(0.02)
     assert high - difference == pytest.approx(2.776 * (2e-4 / 3) ** 0.5)
     assert difference - low == pytest.approx(high - difference)
     assert welch_difference([0.5, 0.5], [0.5, 0.5]) == (0.0, 0.0, 0.0)
+    # every seed at the ceiling on both sides: no variance, the floor keeps one problem in 200
+    # (0.005) from reading as a disagreement, while a 2-point shift still does
+    difference, low, high = welch_difference([0.995] * 3, [1.0] * 4, floor=0.01)
+    assert low < 0 < high and difference == pytest.approx(-0.005)
+    assert welch_difference([0.98] * 3, [1.0] * 4, floor=0.01)[2] < 0
+    # the floor never narrows a Welch interval wider than it
+    assert welch_difference([0.90, 0.91, 0.92], [0.88, 0.89, 0.90], floor=0.01)[2] == high_wide
 
 
 # ------------------------------------------------------------------ the decoding check

@@ -103,6 +103,14 @@ class Convergence:
         return abs(self.last_quarter_change) <= self.noise
 
 
+def probe_standard_error(accuracy: float, problems: int) -> float:
+    """The binomial standard error of one probe's accuracy, Agresti-Coull adjusted (two solved
+    and two failed problems added): at 0 % or 100 % the plain one is 0, which would call a curve
+    that reached the ceiling one probe step (0.5 points on 200 problems) late "still changing"."""
+    adjusted = (accuracy * problems + 2) / (problems + 4)
+    return math.sqrt(adjusted * (1 - adjusted) / (problems + 4))
+
+
 def convergence(curves: list[Curve]) -> list[Convergence]:
     by_model: dict[str, list[Curve]] = {}
     for curve in curves:
@@ -118,8 +126,7 @@ def convergence(curves: list[Curve]) -> list[Convergence]:
                 changes.append(float(slope * (steps[-1] - steps[last][0])))
             final.append(float(accuracy[-1]))
         problems = own[0].records[-1].get("problems") or 1
-        p = float(np.mean(final))
-        binomial = math.sqrt(max(p * (1 - p), 1e-12) / problems)
+        binomial = probe_standard_error(float(np.mean(final)), problems)
         std = float(np.std(final, ddof=1)) if len(final) > 1 else 0.0
         verdicts.append(
             Convergence(
@@ -176,7 +183,8 @@ def curves_tables(curves: list[Curve]) -> tuple[Table, Table]:
             "change over the last quarter: a least-squares line through each seed's probes in "
             "the last quarter of training, its rise over that quarter, mean over seeds. noise: "
             "the larger of the seed standard deviation of the final accuracy and twice the "
-            "binomial standard error of one probe. 'flat' when |change| <= noise.",
+            "binomial standard error of one probe (Agresti-Coull: not 0 at 0 or 100 %). 'flat' "
+            "when |change| <= noise.",
         ],
     )
     points = Table(

@@ -19,8 +19,8 @@ spread, never a blanket factor. The baseline states both next to the values.
 Where the checked folder holds two seeds or more of a model (another CPU's training of the
 reference seeds, say), the means are compared too (``mean_comparisons``): on the final accuracy,
 the checked seeds' mean against the reference seeds', with a Welch 95 % interval of the
-difference over seeds. The two agree when that interval contains 0; a training recipe is portable
-in distribution when every model agrees.
+difference over seeds (at least the accuracy floor either side). The two agree when that
+interval contains 0; a training recipe is portable in distribution when every model agrees.
 """
 
 from __future__ import annotations
@@ -136,14 +136,18 @@ def t_975(df: float) -> float:
     return T_975[min(max(int(df), 1), len(T_975)) - 1] if df <= len(T_975) else 2.0
 
 
-def welch_difference(here: list[float], there: list[float]) -> tuple[float, float, float]:
-    """mean(here) - mean(there) with its Welch 95 % interval over the seeds of each side."""
+def welch_difference(
+    here: list[float], there: list[float], floor: float = 0.0
+) -> tuple[float, float, float]:
+    """mean(here) - mean(there) with its Welch 95 % interval over the seeds of each side, at
+    least ``floor`` either side: seeds that all sit at the ceiling (100 % on the probe) have no
+    variance, and an interval of width 0 would call one problem's difference a disagreement."""
     difference = statistics.fmean(here) - statistics.fmean(there)
     a, b = statistics.variance(here) / len(here), statistics.variance(there) / len(there)
-    if a + b == 0:
-        return difference, difference, difference
-    df = (a + b) ** 2 / (a**2 / (len(here) - 1) + b**2 / (len(there) - 1))
-    half = t_975(df) * math.sqrt(a + b)
+    half = floor
+    if a + b > 0:
+        df = (a + b) ** 2 / (a**2 / (len(here) - 1) + b**2 / (len(there) - 1))
+        half = max(t_975(df) * math.sqrt(a + b), floor)
     return difference, difference - half, difference + half
 
 
@@ -159,7 +163,7 @@ def mean_comparisons(baseline: dict, found: dict) -> list[tuple[str, bool]]:
             here = [metrics[name] for metrics in seeds.values() if name in metrics]
             if len(here) < 2 or len(reference) < 2:
                 continue
-            difference, low, high = welch_difference(here, reference)
+            difference, low, high = welch_difference(here, reference, FLOORS[name])
             agree = low <= 0 <= high
             lines.append((
                 f"{model} {name}: mean {statistics.fmean(here):.4f} over {len(here)} seeds here, "
