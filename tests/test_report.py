@@ -752,3 +752,11 @@ def test_check_refuses_a_missing_or_malformed_baseline(run_dir, tmp_path, capsys
     assert "point gsm8k/ar/default, metric examples: declare a tolerance" in (
         capsys.readouterr().err
     )
+
+
+def test_a_number_that_rounds_to_zero_has_no_minus_sign():
+    # a paired difference of -0.004 pp with 1 digit read "-0.0" in the claims table
+    from setdlm.report.table import _number
+
+    assert _number(-0.004, 1) == "0.0" and _number(-0.05, 1) == "-0.1"
+    assert _number(0.0, 0) == "0" and _number(-0.4, 0) == "0"

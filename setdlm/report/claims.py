@@ -232,8 +232,8 @@ def _loss_to_parallelism(setdlm, bd3lm, name: str, claim_set: ClaimSet) -> list[
         Claim(
             f"{claim_set.quality} lost from τ = 1e6 to parallelism {LOSS_LEVEL:g}: "
             "SetDLM loses less",
-            f"{name}, {claim_set.detail}: BD3LM's loss ({100 * theirs[1]:.1f} pp) − SetDLM's "
-            f"({100 * ours[1]:.1f} pp), each curve interpolated at {LOSS_LEVEL:g} tokens/step",
+            f"{name}, {claim_set.detail}: BD3LM's loss ({100 * theirs[1]:z.1f} pp) − SetDLM's "
+            f"({100 * ours[1]:z.1f} pp), each curve interpolated at {LOSS_LEVEL:g} tokens/step",
             theirs[1] - ours[1],
             low,
             high,

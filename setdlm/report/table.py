@@ -147,7 +147,7 @@ def _shown(value, column: Column) -> str:
 def _number(value, digits: int | None) -> str:
     if isinstance(value, bool) or digits is None:
         return str(value)
-    return f"{value:.{digits}f}"
+    return f"{value:z.{digits}f}"  # z: a rounded -0.0 reads 0.0
 
 
 LATEX_SPECIALS = {
