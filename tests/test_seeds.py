@@ -316,9 +316,7 @@ def _write_training(models: Path, model: str, seed: int, loss: float, accuracy: 
 def test_the_training_check_holds_a_retraining_to_the_reference_seed_spread(tmp_path):
     from setdlm.report import training_check
 
-    def seeds(folder):
-        return training_check.trained_seeds(folder)
-
+    trained = training_check.trained_seeds  # {model: {seed: metrics}} of a folder
     reference = tmp_path / "reference"
     for seed, (loss, accuracy) in enumerate([(0.40, 0.90), (0.41, 0.92), (0.39, 0.91)]):
         _write_training(reference, "setdlm-smax8-arith", seed, loss, accuracy)
@@ -332,20 +330,20 @@ def test_the_training_check_holds_a_retraining_to_the_reference_seed_spread(tmp_
     close, far = tmp_path / "close", tmp_path / "far"
     _write_training(close, "setdlm-smax8-arith", 7, 0.405, 0.925)  # one more seed, it seems
     _write_training(far, "setdlm-smax8-arith", 7, 0.405, 0.80)  # 11 points off: 5 std
-    assert training_check.compare(baseline, seeds(close)) == []
-    problems = training_check.compare(baseline, seeds(far))
+    assert training_check.compare(baseline, trained(close)) == []
+    problems = training_check.compare(baseline, trained(far))
     assert len(problems) == 1 and problems[0].startswith("setdlm-smax8-arith seed 7: accuracy")
     with pytest.raises(training_check.TrainingCheckError, match="no <model>/seed-<k>"):
-        seeds(tmp_path / "nothing")
+        trained(tmp_path / "nothing")
     # one seed: no mean to compare; three seeds of another CPU, centred or 4 points low
-    assert training_check.mean_comparisons(baseline, seeds(close)) == []
+    assert training_check.mean_comparisons(baseline, trained(close)) == []
     portable, shifted = tmp_path / "portable", tmp_path / "shifted"
     for seed, accuracy in enumerate([0.905, 0.915, 0.92]):
         _write_training(portable, "setdlm-smax8-arith", seed, 0.40, accuracy)
         _write_training(shifted, "setdlm-smax8-arith", seed, 0.40, accuracy - 0.04)
-    [(line, agree)] = training_check.mean_comparisons(baseline, seeds(portable))
+    [(line, agree)] = training_check.mean_comparisons(baseline, trained(portable))
     assert agree and "difference +0.0033" in line
-    [(line, agree)] = training_check.mean_comparisons(baseline, seeds(shifted))
+    [(line, agree)] = training_check.mean_comparisons(baseline, trained(shifted))
     assert not agree and line.endswith("DIFFER")
 
 
@@ -354,18 +352,17 @@ def test_the_welch_interval_of_a_difference_of_seed_means():
 
     # equal variances 1e-4 and n = 3 on both sides: se = sqrt(2e-4 / 3), df = 4, t = 2.776
     difference, low, high = welch_difference([0.90, 0.91, 0.92], [0.88, 0.89, 0.90])
-    high_wide = high
     assert difference == pytest.approx(0.02)
     assert high - difference == pytest.approx(2.776 * (2e-4 / 3) ** 0.5)
     assert difference - low == pytest.approx(high - difference)
     assert welch_difference([0.5, 0.5], [0.5, 0.5]) == (0.0, 0.0, 0.0)
     # every seed at the ceiling on both sides: no variance, the floor keeps one problem in 200
     # (0.005) from reading as a disagreement, while a 2-point shift still does
-    difference, low, high = welch_difference([0.995] * 3, [1.0] * 4, floor=0.01)
-    assert low < 0 < high and difference == pytest.approx(-0.005)
+    at_ceiling, ceiling_low, ceiling_high = welch_difference([0.995] * 3, [1.0] * 4, floor=0.01)
+    assert ceiling_low < 0 < ceiling_high and at_ceiling == pytest.approx(-0.005)
     assert welch_difference([0.98] * 3, [1.0] * 4, floor=0.01)[2] < 0
     # the floor never narrows a Welch interval wider than it
-    assert welch_difference([0.90, 0.91, 0.92], [0.88, 0.89, 0.90], floor=0.01)[2] == high_wide
+    assert welch_difference([0.90, 0.91, 0.92], [0.88, 0.89, 0.90], floor=0.01)[2] == high
 
 
 # ------------------------------------------------------------------ the decoding check
@@ -416,17 +413,14 @@ def test_every_seed_of_the_default_reuses_its_committed_reference_model():
     """`make run` copies a reference model only when its recipe is the default's; a recipe
     changed without `make reference-models` would retrain (an hour) where it should copy."""
     from setdlm.workflow.config import load, model_seeds
-    from setdlm.workflow.train import model_recipe, reference_model
+    from setdlm.workflow.train import model_recipe, reference_model, tiny_settings
 
     config = load(REPO / "workflows" / "config" / "tiny.yaml", check_data=False)
     config["reference_models"] = str(REPO / config["reference_models"])
     pairs = [(name, seed) for name in config["models"] for seed in model_seeds(config, name) or ()]
     assert len(pairs) >= 12  # four arithmetic models, three seeds each
-    stale = [
-        (name, seed)
-        for name, seed in pairs
-        if reference_model(config, name, seed, model_recipe(config, name, seed)) is None
-    ]
+    recipes = {pair: model_recipe(config, pair[0], tiny_settings(config, *pair)) for pair in pairs}
+    stale = [pair for pair in pairs if reference_model(config, *pair, recipes[pair]) is None]
     assert stale == [], "recipes without a committed reference model (make reference-models)"
 
 

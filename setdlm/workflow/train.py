@@ -123,15 +123,14 @@ def tiny_settings(config: dict, name: str, seed: int | None = None):
     return TinySettings(**settings, block_size=block_size)
 
 
-def model_recipe(config: dict, name: str, seed: int | None = None, settings=None) -> dict:
-    """What a trained model is a function of (with the code): model, family, settings (the
-    seed among them) and training data. A reference copy is reused only for the same recipe.
-    ``settings``: tiny_settings(config, name, seed), where the caller has them already."""
+def model_recipe(config: dict, name: str, settings) -> dict:
+    """What a trained model is a function of (with the code): model, family, settings
+    (``tiny_settings``, the seed among them) and training data. A reference copy is reused only
+    for the same recipe."""
     from dataclasses import asdict
 
     from setdlm.recipes.tiny import corpus_identity
 
-    settings = settings or tiny_settings(config, name, seed)
     return {
         "model": name,
         "family": config["models"][name]["family"],
@@ -156,7 +155,7 @@ def train_model(
 
     family = config["models"][name]["family"]
     settings = tiny_settings(config, name, seed)
-    recipe = model_recipe(config, name, seed, settings)
+    recipe = model_recipe(config, name, settings)
     reference = reference_model(config, name, seed, recipe)
     if reference is not None:
         return _copy_reference(name, reference, out, log)
