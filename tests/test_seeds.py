@@ -323,7 +323,13 @@ def test_the_training_check_holds_a_retraining_to_the_reference_seed_spread(tmp_
     baseline_path = tmp_path / "training.json"
     baseline = training_check.write_baseline(baseline_path, reference)
     spec = baseline["models"]["setdlm-smax8-arith"]["accuracy"]
-    assert spec["mean"] == pytest.approx(0.91) and spec["tolerance"] == pytest.approx(0.03)
+    # three seeds 1 point apart, on a 200-problem probe whose binomial error at 91 % (Agresti-
+    # Coull: 184 of 204) is 2.1 points: the tolerance is 3 x that floor, not 3 x the seeds' 1
+    assert spec["mean"] == pytest.approx(0.91) and spec["std"] == pytest.approx(0.01)
+    assert spec["std_floor"] == pytest.approx((184 / 204 * 20 / 204 / 204) ** 0.5)
+    assert spec["tolerance"] == pytest.approx(3 * spec["std_floor"])
+    loss = baseline["models"]["setdlm-smax8-arith"]["loss@4000"]
+    assert loss["std_floor"] == 0.01 and loss["tolerance"] == pytest.approx(0.03)
     assert set(baseline["models"]["setdlm-smax8-arith"]) == {
         "accuracy", "loss@1000", "loss@2000", "loss@3000", "loss@4000"
     }  # fmt: skip
@@ -345,6 +351,29 @@ def test_the_training_check_holds_a_retraining_to_the_reference_seed_spread(tmp_
     assert agree and "difference +0.0033" in line
     [(line, agree)] = training_check.mean_comparisons(baseline, trained(shifted))
     assert not agree and line.endswith("DIFFER")
+
+
+def test_seeds_at_the_ceiling_keep_the_probes_noise_as_tolerance(tmp_path):
+    from setdlm.report import training_check
+
+    reference = tmp_path / "reference"
+    for seed in range(3):
+        _write_training(reference, "ar-arith", seed, 0.30, 1.0)
+    baseline = training_check.write_baseline(tmp_path / "training.json", reference)
+    # no spread at all; 100 % of 200 problems has an Agresti-Coull error of 0.69 points
+    assert baseline["models"]["ar-arith"]["accuracy"]["tolerance"] == pytest.approx(0.0208, 1e-2)
+    one_problem, four = tmp_path / "one", tmp_path / "four"
+    _write_training(one_problem, "ar-arith", 3, 0.30, 0.995)
+    _write_training(four, "ar-arith", 3, 0.30, 0.975)
+    assert training_check.compare(baseline, training_check.trained_seeds(one_problem)) == []
+    [problem] = training_check.compare(baseline, training_check.trained_seeds(four))
+    assert "accuracy 0.9750, reference 1.0000 ± 0.0207" in problem
+    # seeds probed on different numbers of problems have no one binomial error
+    (reference / "ar-arith" / "seed-2" / curves.CURVE_FILE).write_text(
+        json.dumps({"step": 4000, "loss": 0.3, "accuracy": 1.0, "problems": 100}) + "\n"
+    )
+    with pytest.raises(training_check.TrainingCheckError, match="one probe size"):
+        training_check.write_baseline(tmp_path / "training.json", reference)
 
 
 def test_the_welch_interval_of_a_difference_of_seed_means():
