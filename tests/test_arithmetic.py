@@ -89,9 +89,11 @@ def test_the_task_decodes_solutions_and_scores_infilled_steps(trained_arith_free
     assert masks == len(tokenizer.encode(step, add_special_tokens=False)) > 0
     assert masked.reference == step
     result = step.rsplit("= ", 1)[1]
-    assert infill.score(masked, step) == {"step_exact": 1.0, "result_exact": 1.0}
+    right = {"step_correct": 1.0, "step_exact": 1.0, "result_exact": 1.0}
+    assert infill.score(masked, step) == right
     wrong_operand = step.replace(step.split()[0], "99", 1)
-    assert infill.score(masked, wrong_operand) == {"step_exact": 0.0, "result_exact": 1.0}
+    wrong = {"step_correct": 0.0, "step_exact": 0.0, "result_exact": 1.0}
+    assert infill.score(masked, wrong_operand) == wrong
     assert infill.score(masked, step[: -len(result)] + "0")["result_exact"] == (result == "0")
     aggregated = solve.aggregate(
         [{"scores": {"strict_match": v, "flexible_extract": v}} for v in (1.0, 0.0, 1.0, 1.0)]
@@ -157,3 +159,28 @@ def test_arithmetic_3_writes_commutative_steps_in_either_order_and_stays_correct
     assert arithmetic.identity("test", 300, 0, "arithmetic-3")["generator"] == "arithmetic-3"
     with pytest.raises(ValueError, match="unknown arithmetic generator 'arithmetic-9'"):
         arithmetic.generate("test", 1, 0, "arithmetic-9")
+
+
+def test_an_infilled_step_is_correct_in_every_order_its_generator_writes():
+    from setdlm.eval.runner import Example
+    from setdlm.tasks.arithmetic_task import ArithmeticSettings, ArithmeticTask
+
+    def score(version: str, decoded: str, reference: str) -> dict:
+        task = ArithmeticTask(ArithmeticSettings(variant="infill", generator=version))
+        return task.score(Example("test-0", [], "", reference, {}), decoded)
+
+    # arithmetic-3 writes "18 * 2 = 36" and "2 * 18 = 36" alike (a coin per step): both right,
+    # only one exact; arithmetic-2 writes the count first, always
+    assert score("arithmetic-3", "2 * 18 = 36", "18 * 2 = 36") == {
+        "step_correct": 1.0, "step_exact": 0.0, "result_exact": 1.0
+    }  # fmt: skip
+    assert score("arithmetic-3", " 5 + 21 = 26 ", "21 + 5 = 26")["step_correct"] == 1.0
+    assert score("arithmetic-2", "2 * 18 = 36", "18 * 2 = 36")["step_correct"] == 0.0
+    # subtraction has one order; a swapped result or a wrong sum is wrong in every version
+    assert score("arithmetic-3", "4 - 21 = 17", "21 - 4 = 17")["step_correct"] == 0.0
+    assert score("arithmetic-3", "2 * 18 = 38", "18 * 2 = 36")["step_correct"] == 0.0
+    assert score("arithmetic-3", "2 * 18 36 36", "18 * 2 = 36") == {
+        "step_correct": 0.0, "step_exact": 0.0, "result_exact": 0.0
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="not a solution step"):
+        arithmetic.correct_forms_of("#### 36", "arithmetic-3")

@@ -53,6 +53,7 @@ QUALITY_COLUMNS = {
     },
     "arithmetic_pareto": {
         "strict_match": ("acc strict (%)", "strict_match", 100),
+        "step_correct": ("infill step correct (%)", "step_correct", 100),
         "step_exact": ("infill step exact (%)", "step_exact", 100),
     },
     "arithmetic_unconditional": {

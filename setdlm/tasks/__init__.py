@@ -220,7 +220,9 @@ PAPER_TABLES: dict[str, PaperTable] = {
             "Units: % of test problems (metrics.json value × 100); "
             + INTERVALS
             + " arithmetic-solve rows are scored by accuracy (GSM8K answer extraction), "
-            "arithmetic-infill rows by exact match of the masked step and of its result.",
+            "arithmetic-infill rows by whether the masked step is correct as the generator "
+            "writes it (either operand order of a + or * step in arithmetic-3), by exact match "
+            "and by its result.",
             claims=True,
             claims_also=("arithmetic-unconditional",),
         ),
@@ -367,15 +369,14 @@ TASKS: dict[str, TaskInfo] = {
             schema_node="arithmetic-infill",
             domain=ARITHMETIC,
             table="arithmetic",
-            headline="step_exact",
+            headline="step_correct",
             columns=(
+                _percent("step_correct", "infill step correct (%)"),
                 _percent("step_exact", "infill step exact (%)"),
                 _percent("result_exact", "infill result exact (%)"),
             ),
             variant="infill",
-            figure=FigureInfo(
-                "Synthetic arithmetic (infill one step)", "step exact match (%)", 100.0
-            ),
+            figure=FigureInfo("Synthetic arithmetic (infill one step)", "step correct (%)", 100.0),
             decoding_check=True,
         ),
         # `setdlm eval unconditional --references arithmetic-<n>`: whole problems sampled from

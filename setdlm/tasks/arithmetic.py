@@ -19,7 +19,9 @@ so train and test are disjoint by construction for any counts and seeds (and che
 ``identity`` is what a result depends on (part of its configuration hash).
 
 The infilling variant masks one middle solution step: the context before and after it is
-given, the step is decoded in place and scored by exact match (``split_for_infilling``).
+given, the step is decoded in place (``split_for_infilling``) and scored against every way the
+version writes that step correctly (``correct_lines``: either operand order of a ``+`` or ``*``
+step in arithmetic-3), as well as by exact match.
 """
 
 from __future__ import annotations
@@ -245,15 +247,32 @@ def judge_sample(text: str, version: str) -> SampleVerdict:
     value = int(_START.match(question)["value"])
     for index, (line, operation) in enumerate(zip(steps, operations, strict=True)):
         result = operation.apply(value)
-        written = {f"{value} {operation.symbol} {operation.amount} = {result}"}
-        if rules.either_order and operation.symbol != "-":
-            written.add(f"{operation.amount} {operation.symbol} {value} = {result}")
-        if line not in written:
+        if line not in correct_lines(value, operation.symbol, operation.amount, result, rules):
             return SampleVerdict(True, False, question, f"wrong: step {index + 1}")
         value = result
     if final != f"#### {value}":
         return SampleVerdict(True, False, question, "wrong: final answer")
     return SampleVerdict(True, True, question)
+
+
+def correct_lines(left: int, symbol: str, right: int, result: int, rules: Grammar) -> set[str]:
+    """Every way ``rules`` writes the step ``left symbol right = result`` correctly: as given,
+    and with its operands swapped where the version writes a ``+`` or ``*`` step in either
+    order (arithmetic-3); subtraction keeps its order."""
+    lines = {f"{left} {symbol} {right} = {result}"}
+    if rules.either_order and symbol != "-":
+        lines.add(f"{right} {symbol} {left} = {result}")
+    return lines
+
+
+def correct_forms_of(step: str, version: str) -> set[str]:
+    """The written forms of a solution line (``a op b = c``, as ``generate`` wrote it) that
+    version ``version`` counts as correct: what an infilled step is scored against."""
+    line = _LINE.fullmatch(step.strip())
+    if line is None:
+        raise ValueError(f"not a solution step 'a op b = c': {step!r}")
+    left, symbol, right, result = line.groups()
+    return correct_lines(int(left), symbol, int(right), int(result), grammar(version))
 
 
 def _read_question(question: str, rules: Grammar) -> tuple[list[Operation] | None, str]:

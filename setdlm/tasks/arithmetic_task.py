@@ -5,9 +5,12 @@
 - ``infill``: one middle solution step is masked. The diffusion families decode it in place
   between both contexts (BOS + question and earlier steps + MASK * m + later steps and the
   ``#### N`` line + EOS, m = the step's token count: the oracle length, as in ROCStories
-  infilling); AR sees only the left context and generates exactly m tokens. Scored by exact
-  match of the step, and of its result (the number after ``=``, which every later step and the
-  final answer build on).
+  infilling); AR sees only the left context and generates exactly m tokens. Scored by whether
+  the step is correct as the generator writes it (``step_correct``: arithmetic-3 writes a ``+``
+  or ``*`` step with its operands in either order, a fair coin, so "2 * 18 = 36" for the masked
+  "18 * 2 = 36" is right, and exact match alone caps a perfect model at about 74 %), by exact
+  match, and by its result (the number after ``=``, which every later step and the final
+  answer build on).
 
 Every quality number carries a seeded 95 % bootstrap interval over the test problems.
 """
@@ -36,6 +39,10 @@ VARIANTS = ("solve", "infill")
 # The GSM8K extraction's two filters; the paper's boxed-answer metrics do not apply here.
 SOLVE_METRICS = {name: GSM8K_METRICS[name] for name in ("strict_match", "flexible_extract")}
 INFILL_METRICS = {
+    "step_correct": (
+        "the decoded step is the masked step as the generator may write it (whitespace "
+        "stripped; a + or * step in either operand order where the version writes both)"
+    ),
     "step_exact": "the decoded step equals the masked step exactly (whitespace stripped)",
     "result_exact": "the number after '=' in the decoded step equals the step's true result",
 }
@@ -135,7 +142,9 @@ class ArithmeticTask(Task):
             scores = score_output(text, example.reference)
             return {name: scores[name] for name in SOLVE_METRICS}
         decoded, wanted = _RESULT.search(text.strip()), _RESULT.search(example.reference)
+        correct = arithmetic.correct_forms_of(example.reference, self.config.generator)
         return {
+            "step_correct": float(text.strip() in correct),
             "step_exact": float(text.strip() == example.reference.strip()),
             "result_exact": float(decoded is not None and decoded[1] == wanted[1]),
         }
