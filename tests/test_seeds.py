@@ -362,18 +362,30 @@ def test_seeds_at_the_ceiling_keep_the_probes_noise_as_tolerance(tmp_path):
     baseline = training_check.write_baseline(tmp_path / "training.json", reference)
     # no spread at all; 100 % of 200 problems has an Agresti-Coull error of 0.69 points
     assert baseline["models"]["ar-arith"]["accuracy"]["tolerance"] == pytest.approx(0.0208, 1e-2)
-    one_problem, four = tmp_path / "one", tmp_path / "four"
+    assert baseline["models"]["ar-arith"]["accuracy"]["problems"] == 200
+    one_problem, five = tmp_path / "one", tmp_path / "five"
     _write_training(one_problem, "ar-arith", 3, 0.30, 0.995)
-    _write_training(four, "ar-arith", 3, 0.30, 0.975)
+    _write_training(five, "ar-arith", 3, 0.30, 0.975)
     assert training_check.compare(baseline, training_check.trained_seeds(one_problem)) == []
-    [problem] = training_check.compare(baseline, training_check.trained_seeds(four))
+    [problem] = training_check.compare(baseline, training_check.trained_seeds(five))
     assert "accuracy 0.9750, reference 1.0000 ± 0.0207" in problem
-    # seeds probed on different numbers of problems have no one binomial error
+    # a seed probed on 100 problems is not judged by the 200-problem tolerance
+    (one_problem / "ar-arith" / "seed-3" / curves.CURVE_FILE).write_text(
+        json.dumps({"step": 4000, "loss": 0.3, "accuracy": 1.0, "problems": 100}) + "\n"
+    )
+    [problem] = training_check.compare(baseline, training_check.trained_seeds(one_problem))
+    assert "probed on 100 problems, the reference seeds on 200" in problem
+    # reference seeds probed on different numbers of problems have no one binomial error
     (reference / "ar-arith" / "seed-2" / curves.CURVE_FILE).write_text(
         json.dumps({"step": 4000, "loss": 0.3, "accuracy": 1.0, "problems": 100}) + "\n"
     )
-    with pytest.raises(training_check.TrainingCheckError, match="one probe size"):
+    with pytest.raises(curves.CurveError, match="share one probe size.*found 100, 200"):
         training_check.write_baseline(tmp_path / "training.json", reference)
+    # a baseline of the first format (no std_floor) is refused, not misread
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"format": 1, "models": {}}))
+    with pytest.raises(training_check.TrainingCheckError, match="format 1.*rewrite it"):
+        training_check.main([str(one_problem), "--baseline", str(old)])
 
 
 def test_the_welch_interval_of_a_difference_of_seed_means():

@@ -111,6 +111,20 @@ def probe_standard_error(accuracy: float, problems: int) -> float:
     return math.sqrt(adjusted * (1 - adjusted) / (problems + 4))
 
 
+def probe_size(sizes, where: str) -> int:
+    """The one number of problems that the seeds' last probes (``sizes``, their ``problems``)
+    solved: the probe's binomial error needs it, and seeds probed on different numbers are not
+    one recipe's."""
+    found = set(sizes)
+    if len(found) != 1 or not all(isinstance(n, int) and n > 0 for n in found):
+        shown = ", ".join(sorted(map(str, found))) or "none"
+        raise CurveError(
+            f"{where}: the seeds' last learning-curve records must share one probe size "
+            f"('problems', a positive count); found {shown}"
+        )
+    return found.pop()
+
+
 def convergence(curves: list[Curve]) -> list[Convergence]:
     by_model: dict[str, list[Curve]] = {}
     for curve in curves:
@@ -125,7 +139,7 @@ def convergence(curves: list[Curve]) -> list[Convergence]:
                 slope = np.polyfit(steps[last], accuracy[last], 1)[0]
                 changes.append(float(slope * (steps[-1] - steps[last][0])))
             final.append(float(accuracy[-1]))
-        problems = own[0].records[-1].get("problems") or 1
+        problems = probe_size((c.records[-1].get("problems") for c in own), model)
         binomial = probe_standard_error(float(np.mean(final)), problems)
         std = float(np.std(final, ddof=1)) if len(final) > 1 else 0.0
         verdicts.append(

@@ -18,14 +18,17 @@ has a floor. For the loss, 0.01 nats (``FLOORS``). For accuracy, the probe's own
 standard error (Agresti-Coull, ``curves.probe_standard_error``: the spread of seeds whose
 errors on the probe's problems are independent, and above 0 at the 100 % ceiling), the noise the
 learning-curve table uses too: three close MDLM seeds at 3-4 % of 200 problems once set a
-tolerance of 1 point, below that noise (1.3 points), and a fifth seed at 6 % failed it. The
-baseline states the standard deviation, its floor and the tolerance next to the values.
+tolerance of 1 point, below that noise (1.4 points), and a fifth seed at 6 % failed it. The
+baseline states the standard deviation, its floor and the tolerance next to the values, and the
+probe's size: a seed probed on another number of problems fails rather than being judged by a
+tolerance made for another probe.
 
 Where the checked folder holds two seeds or more of a model (another CPU's training of the
 reference seeds, say), the means are compared too (``mean_comparisons``): on the final accuracy,
 the checked seeds' mean against the reference seeds', with a Welch 95 % interval of the
-difference over seeds (at least the accuracy floor either side). The two agree when that
-interval contains 0; a training recipe is portable in distribution when every model agrees.
+difference over seeds (at least one point either side, ``FLOORS["accuracy"]``). The two agree
+when that interval contains 0; a training recipe is portable in distribution when every model
+agrees.
 """
 
 from __future__ import annotations
@@ -36,11 +39,12 @@ import statistics
 import sys
 from pathlib import Path
 
-from setdlm.report.curves import CURVE_FILE, probe_standard_error
+from setdlm.report.curves import CURVE_FILE, probe_size, probe_standard_error
 from setdlm.util.errors import UserError
 from setdlm.util.files import atomic_write_json, read_json
 
-FORMAT = 1
+FORMAT = 2  # 2: each metric's std_floor, the accuracy's probe size
+PROBE = "probe_problems"  # seed_metrics' key for its probe's size (not a checked metric)
 DEFAULT_BASELINE = Path("results/baselines/training.json")
 WINDOW = 100  # steps the loss is averaged over
 SPREADS = 3.0
@@ -67,7 +71,8 @@ def _lines(path: Path) -> list[dict]:
 
 
 def seed_metrics(folder: Path) -> dict[str, float]:
-    """A trained model folder's checked metrics, from its losses.jsonl and learning_curve.jsonl."""
+    """A trained model folder's checked metrics, from its losses.jsonl and learning_curve.jsonl
+    (and under ``PROBE`` the number of problems its last probe solved)."""
     losses = _lines(folder / "losses.jsonl")
     if not losses:
         raise TrainingCheckError(f"{folder / 'losses.jsonl'}: no logged step")
@@ -83,6 +88,7 @@ def seed_metrics(folder: Path) -> dict[str, float]:
         records = _lines(curve)
         if records:
             metrics["accuracy"] = float(records[-1]["accuracy"])
+            metrics[PROBE] = records[-1].get("problems")
     return metrics
 
 
@@ -99,22 +105,6 @@ def trained_seeds(models: Path) -> dict[str, dict[int, dict[str, float]]]:
             f"{models}: no <model>/seed-<k>/losses.jsonl (models trained with train.seeds)"
         )
     return found
-
-
-def probe_problems(model_folder: Path) -> int:
-    """How many problems the learning curves of a model's seeds were probed on (their last
-    record's ``problems``; every seed of a recipe probes the same ones)."""
-    sizes = {
-        _lines(curve)[-1].get("problems")
-        for curve in sorted(model_folder.glob(f"seed-*/{CURVE_FILE}"))
-        if curve.stat().st_size
-    }
-    if len(sizes) != 1 or not isinstance(next(iter(sizes)), int):
-        raise TrainingCheckError(
-            f"{model_folder}: its seeds' {CURVE_FILE} must end with one probe size "
-            f"('problems'), found {sorted(map(str, sizes)) or 'none'}"
-        )
-    return sizes.pop()
 
 
 def std_floor(metric: str, mean: float, problems: int | None) -> float:
@@ -134,8 +124,10 @@ def write_baseline(path: Path, models: Path) -> dict:
         "models": {},
     }
     for model, seeds in trained_seeds(models).items():
-        names = sorted(set.intersection(*(set(m) for m in seeds.values())))
-        problems = probe_problems(models / model) if "accuracy" in names else None
+        names = sorted(set.intersection(*(set(m) for m in seeds.values())) - {PROBE})
+        problems = None
+        if "accuracy" in names:
+            problems = probe_size((m[PROBE] for m in seeds.values()), f"{models / model}")
         entry = {}
         for name in names:
             values = [seeds[seed][name] for seed in sorted(seeds)]
@@ -149,6 +141,8 @@ def write_baseline(path: Path, models: Path) -> dict:
                 "tolerance": SPREADS * max(std, floor),
                 "seeds": {str(seed): seeds[seed][name] for seed in sorted(seeds)},
             }
+        if problems is not None:
+            entry["accuracy"]["problems"] = problems
         baseline["models"][model] = entry
     atomic_write_json(path, baseline)
     return baseline
@@ -219,14 +213,20 @@ def compare(baseline: dict, found: dict) -> list[str]:
         for seed, metrics in sorted(seeds.items()):
             for name, spec in sorted(expected.items()):
                 value = metrics.get(name)
+                probe = spec.get("problems")
                 if value is None:
                     problems.append(f"{model} seed {seed}: {name} missing")
+                elif probe is not None and metrics.get(PROBE) != probe:
+                    problems.append(
+                        f"{model} seed {seed}: {name} probed on {metrics.get(PROBE)} problems, "
+                        f"the reference seeds on {probe} (train with the same train.curve)"
+                    )
                 elif not math.isfinite(value) or abs(value - spec["mean"]) > spec["tolerance"]:
                     problems.append(
                         f"{model} seed {seed}: {name} {value:.4f}, reference "
                         f"{spec['mean']:.4f} ± {spec['tolerance']:.4f} "
                         f"({SPREADS:g} x the seed std {spec['std']:.4f} or its floor "
-                        f"{spec.get('std_floor', 0):.4f})"
+                        f"{spec['std_floor']:.4f})"
                     )
     return problems
 
@@ -250,6 +250,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     write = "`setdlm check-training MODELS --write` writes one"
     baseline = read_json(args.baseline, TrainingCheckError, write)
+    if baseline.get("format") != FORMAT:
+        raise TrainingCheckError(
+            f"{args.baseline}: format {baseline.get('format')!r}, this check reads format "
+            f"{FORMAT} (a std_floor per metric); rewrite it: {write}"
+        )
     found = trained_seeds(args.models)
     problems = compare(baseline, found)
     for problem in problems:
