@@ -60,6 +60,10 @@ class Grammar:
     # line starts with, and two positions decoded in one step can disagree ("15 + 15 = 18").
     either_order: bool = False
 
+    def writes_either_order(self, symbol: str) -> bool:
+        """Whether this version writes a ``symbol`` step with its operands in either order."""
+        return self.either_order and symbol != "-"
+
     def describe(self) -> str:
         factors = ", ".join(f"x{factor} to at most {limit}" for factor, limit in self.multipliers)
         steps = "/".join(map(str, self.steps))
@@ -159,7 +163,7 @@ def _problem(rng: random.Random, rules: Grammar) -> tuple[str, str]:
         result = operation.apply(value)
         sentences.append(operation.sentence(name, thing, other))
         left, right = value, operation.amount
-        if rules.either_order and operation.symbol != "-" and rng.random() < 0.5:
+        if rules.writes_either_order(operation.symbol) and rng.random() < 0.5:
             left, right = right, left
         lines.append(f"{left} {operation.symbol} {right} = {result}")
         value = result
@@ -260,7 +264,7 @@ def correct_lines(left: int, symbol: str, right: int, result: int, rules: Gramma
     and with its operands swapped where the version writes a ``+`` or ``*`` step in either
     order (arithmetic-3); subtraction keeps its order."""
     lines = {f"{left} {symbol} {right} = {result}"}
-    if rules.either_order and symbol != "-":
+    if rules.writes_either_order(symbol):
         lines.add(f"{right} {symbol} {left} = {result}")
     return lines
 
