@@ -102,6 +102,41 @@ def test_the_task_decodes_solutions_and_scores_infilled_steps(trained_arith_free
     assert aggregated["strict_match"]["value"] == 0.75 and 0 <= low < 0.75 < high <= 1
 
 
+def test_a_solve_budget_some_solution_does_not_fit_is_an_error(trained_arith_free_model):
+    """The budget must hold every reference solution with its EOS: a shorter one would cap
+    accuracy at the share of solutions it fits, whatever the model (issue 24's plateau)."""
+    from setdlm.tasks.arithmetic_task import ArithmeticSettings, ArithmeticTask
+    from setdlm.util.validation import SettingError
+
+    model, tokenizer = trained_arith_free_model
+    problems = arithmetic.generate("test", 40, 0, "arithmetic-3")
+    needed = [
+        len(tokenizer.encode(p.text, add_special_tokens=False))
+        - len(tokenizer.encode(p.question + "\n", add_special_tokens=False))
+        + 1
+        for p in problems
+    ]
+    longest = max(needed)
+    fits = ArithmeticSettings(limit=40, generator="arithmetic-3", max_new_tokens=longest)
+    examples = ArithmeticTask(fits).examples(tokenizer, model)
+    assert [e.meta["solution_tokens"] for e in examples] == needed
+    short = ArithmeticSettings(limit=40, generator="arithmetic-3", max_new_tokens=longest - 1)
+    cut = sum(n > longest - 1 for n in needed)
+    message = rf"max_new_tokens = {longest - 1} is too short for {cut} of 40 .* at least {longest}"
+    with pytest.raises(SettingError, match=message):
+        ArithmeticTask(short).examples(tokenizer, model)
+    # a learning curve's probe takes its budget from train.curve.max_new_tokens, checked alike
+    from setdlm.recipes.learning_curve import ArithmeticProbe
+
+    probe = ArithmeticProbe.for_model(model, tokenizer, 100, 40, "arithmetic-3", longest)
+    assert probe.task.config.max_new_tokens == longest and len(probe.examples) == 40
+    with pytest.raises(SettingError, match="too short"):
+        ArithmeticProbe.for_model(model, tokenizer, 100, 40, "arithmetic-3", longest - 1)
+    # the infilling variant has no such budget: its span is the masked step's own length
+    infill = ArithmeticSettings(variant="infill", limit=40, max_new_tokens=1)
+    assert len(ArithmeticTask(infill).examples(tokenizer, model)) == 40
+
+
 @pytest.fixture(scope="module")
 def trained_arith_free_model(tmp_path_factory):
     """A random-weight SetDLM with the arithmetic tokenizer (no training needed here)."""

@@ -12,7 +12,7 @@ report's learning-curve table and figure read them.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -29,10 +29,18 @@ class ArithmeticProbe:
     tokenizer: object
 
     @classmethod
-    def for_model(cls, model, tokenizer, every: int, problems: int, generator: str):
+    def for_model(
+        cls, model, tokenizer, every: int, problems: int, generator: str, budget: int | None = None
+    ):
+        """The probe of ``problems`` test problems of ``generator``, decoded with ``budget``
+        new tokens (None: the task's default); a budget too short for some solution under
+        ``tokenizer`` is an error (ArithmeticTask.examples)."""
         from setdlm.tasks.arithmetic_task import ArithmeticSettings, ArithmeticTask
 
-        task = ArithmeticTask(ArithmeticSettings(limit=problems, generator=generator))
+        settings = ArithmeticSettings(limit=problems, generator=generator)
+        if budget is not None:
+            settings = replace(settings, max_new_tokens=budget)
+        task = ArithmeticTask(settings)
         return cls(every, task.examples(tokenizer, model), task, tokenizer)
 
     def measure(self, model: torch.nn.Module, step: int) -> dict:

@@ -94,6 +94,8 @@ class ArithmeticTask(Task):
             )
         make = self._solve_example if self.config.variant == "solve" else self._infill_example
         examples = [make(problem, tokenizer, model) for problem in problems]
+        if self.config.variant == "solve":
+            self._check_budget(examples)
         longest = max(len(e.input_ids) + (e.max_new_tokens or 0) for e in examples)
         if longest > model.config.length:
             raise SettingError(
@@ -105,9 +107,34 @@ class ArithmeticTask(Task):
 
     def _solve_example(self, problem, tokenizer, model) -> Example:
         text = problem.question + "\n"
-        ids = [model.config.bos_token_id, *tokenizer.encode(text, add_special_tokens=False)]
-        meta = {"eos_token_id": model.config.eos_token_id}
+        prompt = tokenizer.encode(text, add_special_tokens=False)
+        ids = [model.config.bos_token_id, *prompt]
+        # what the reference solution takes after the prompt, its EOS included, as the model
+        # saw it in training (one row: the question, a newline, the solution, EOS)
+        whole = tokenizer.encode(problem.text, add_special_tokens=False)
+        meta = {
+            "eos_token_id": model.config.eos_token_id,
+            "solution_tokens": len(whole) - len(prompt) + 1,
+        }
         return Example(problem.id, ids, text, problem.answer, meta)
+
+    def _check_budget(self, examples: list[Example]) -> None:
+        """Every reference solution fits the budget: a shorter budget cuts the answers it
+        cannot hold, so accuracy would measure the budget, not the model (issue 24: a harder
+        generator's learning curves plateaued at 80 % under a 21-token budget its longer
+        solutions did not fit, and reached 99 % with 24)."""
+        budget = self.config.max_new_tokens
+        cut = [e for e in examples if e.meta["solution_tokens"] > budget]
+        if cut:
+            longest = max(cut, key=lambda e: e.meta["solution_tokens"])
+            raise SettingError(
+                f"arithmetic-solve ({self.config.generator}): max_new_tokens = {budget} is too "
+                f"short for {len(cut)} of {len(examples)} test problems under this model's "
+                f"tokenizer; the longest, {longest.id}, takes "
+                f"{longest.meta['solution_tokens']} tokens with its EOS. Set max_new_tokens "
+                f"to at least {longest.meta['solution_tokens']} (the task's max_new_tokens, or "
+                "train.curve.max_new_tokens for a learning curve)"
+            )
 
     def _infill_example(self, problem, tokenizer, model) -> Example:
         before, step, after = arithmetic.split_for_infilling(problem)

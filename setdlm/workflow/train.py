@@ -176,7 +176,12 @@ def train_model(
 
         problems = curve.get("problems", DEFAULT_PROBLEMS)
         probe = ArithmeticProbe.for_model(
-            model, tokenizer, curve["every"], problems, settings.generator
+            model,
+            tokenizer,
+            curve["every"],
+            problems,
+            settings.generator,
+            curve.get("max_new_tokens"),
         )
     try:
         result = train(model, train_set, tiny_train_config(settings), work / "train", probe=probe)
