@@ -16,6 +16,7 @@ from snakemake.utils import update_config
 
 TINY_PATH = Path(__file__).resolve().parents[1] / "workflows" / "config" / "tiny.yaml"
 QUICK_PATH = TINY_PATH.with_name("tiny-quick.yaml")
+ARITHMETIC_4_PATH = TINY_PATH.with_name("tiny-arithmetic-4.yaml")
 WIKITEXT_PATH = TINY_PATH.with_name("tiny-wikitext2.yaml")
 WIKITEXT_MODELS = ["ar", "mdlm", "bd3lm-s4", "setdlm-smax8"]
 PAPER_TASKS = {
@@ -39,10 +40,15 @@ def tiny_config() -> dict:
 
 
 def tiny_quick_config() -> dict:
-    """tiny.yaml with its quick overlay, merged key by key as Snakemake merges two
+    """tiny.yaml with its quick overlay."""
+    return tiny_with_overlay(QUICK_PATH)
+
+
+def tiny_with_overlay(path: Path) -> dict:
+    """tiny.yaml with the overlay at ``path``, merged key by key as Snakemake merges two
     --configfile."""
     config = tiny_config()
-    update_config(config, yaml.safe_load(QUICK_PATH.read_text()))
+    update_config(config, yaml.safe_load(path.read_text()))
     return config
 
 

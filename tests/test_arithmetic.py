@@ -196,6 +196,39 @@ def test_arithmetic_3_writes_commutative_steps_in_either_order_and_stays_correct
         arithmetic.generate("test", 1, 0, "arithmetic-9")
 
 
+def test_arithmetic_4_keeps_every_step_within_its_bounds_and_reaches_them():
+    """The harder version of issue 24: counts to 99, amounts to 19, doubling and tripling,
+    either order. Every line is right and within those bounds, and the bounds are reached
+    (two-digit amounts, "* 3", counts past arithmetic-3's 49)."""
+    rules = arithmetic.grammar("arithmetic-4")
+    problems = arithmetic.generate("test", 300, seed=0, version="arithmetic-4")
+    arithmetic.check_disjoint(arithmetic.generate("train", 20000, 0, "arithmetic-4"), problems)
+    amounts, factors, counts = set(), set(), set()
+    for problem in problems:
+        *steps, _ = problem.answer.split("\n")
+        value = int(re.search(r"has (\d+) ", problem.question).group(1))
+        assert rules.start[0] <= value <= rules.start[1]
+        for line in steps:
+            left, symbol, right, result = map(_int_or_symbol, STEP.match(line).groups())
+            amount = right if left == value else left
+            assert value in (left, right) and (symbol != "-" or left == value)
+            assert {"+": left + right, "-": left - right, "*": left * right}[symbol] == result
+            assert 1 <= result <= rules.max_value
+            if symbol == "*":
+                factors.add(amount)
+            else:
+                amounts.add(amount)
+                assert 1 <= amount <= rules.max_amount
+            counts.add(result)
+            value = result
+        assert gsm8k.reference_answer(problem.answer).strip() == str(value)
+    assert factors == {2, 3} and max(amounts) == 19 and max(counts) > 90
+
+
+def _int_or_symbol(text: str) -> int | str:
+    return text if text in "+-*" else int(text)
+
+
 def test_an_infilled_step_is_correct_in_every_order_its_generator_writes():
     from setdlm.eval.runner import Example
     from setdlm.tasks.arithmetic_task import ArithmeticSettings, ArithmeticTask

@@ -23,7 +23,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from configs import tiny_config, tiny_quick_config, tiny_with_paper_tasks
+from configs import (
+    ARITHMETIC_4_PATH,
+    tiny_config,
+    tiny_quick_config,
+    tiny_with_overlay,
+    tiny_with_paper_tasks,
+)
 from workflow_env import copy_of_run, environ
 
 from setdlm.results import layout
@@ -237,6 +243,23 @@ def test_the_quick_overlay_keeps_every_rule_and_only_cuts_costs(data_dir):
     }
     assert all(quick < full for quick, full in steps.values() if full)  # only fewer steps
     assert sum(1 for quick, full in steps.values() if full) == 4  # the arithmetic models
+
+
+def test_the_arithmetic_4_overlay_moves_every_model_and_task_to_its_generator(data_dir):
+    """tiny-arithmetic-4.yaml is the default's comparison on the harder generator: the same
+    models, tasks and points, every model trained on arithmetic-4 problems and every task
+    judging with arithmetic-4, its own run folder and reference models."""
+    env = {"SETDLM_DATA_DIR": str(data_dir)}
+    config = tiny_with_overlay(ARITHMETIC_4_PATH)
+    validate(config, environ=env)
+    main, harder = build(tiny_config(), env), build(config, env)
+    assert harder.run == "results/runs/tiny-arithmetic-4" != main.run
+    assert harder.points.keys() == main.points.keys()
+    assert harder.trained.keys() == main.trained.keys()
+    assert {entry["train"]["generator"] for entry in config["models"].values()} == {"arithmetic-4"}
+    tasks = config["tasks"].values()
+    assert {task.get("generator", task.get("references")) for task in tasks} == {"arithmetic-4"}
+    assert config["reference_models"] != tiny_config()["reference_models"]
 
 
 @pytest.mark.parametrize(

@@ -1,17 +1,20 @@
 """A synthetic, GSM8K-shaped task made by seeded code: short multi-step arithmetic word problems.
 
 Each problem is a story over a name and an object with two or three operations (gets more,
-gives away: one-digit amounts; doubles), every count between 1 and 49, a worked solution of
-one line per operation (``15 + 3 = 18``) and a final ``#### <answer>`` line, so the GSM8K
-answer extraction scores it unchanged. Small enough for a CPU-trained model to learn, with the
-structure the paper's GSM8K points measure (a chain of steps, one final number).
+gives away, multiplies; in arithmetic-2 and -3 one-digit amounts, doubling, counts 1-49), a
+worked solution of one line per operation (``15 + 3 = 18``) and a final ``#### <answer>``
+line, so the GSM8K answer extraction scores it unchanged. Small enough for a CPU-trained model
+to learn, with the structure the paper's GSM8K points measure (a chain of steps, one final
+number).
 
 Versions (``GRAMMARS``): arithmetic-2 writes each step as ``value op amount = result``;
 arithmetic-3, the default's since issue 24, has the same numbers but writes a ``+`` or ``*``
 step with its operands in either order (a fair coin), both correct. A converged model is then
 unsure how such a line starts, which is what decoding several positions in one step can get
-wrong: the kind of uncertainty the paper's speed-quality trade-off is about. A version's
-problems never change: a new task is a new version.
+wrong: the kind of uncertainty the paper's speed-quality trade-off is about. arithmetic-4
+writes steps as arithmetic-3 does over larger numbers (counts to 99, amounts to 19, doubling
+and tripling): most of its numbers take two tokens under the tiny BPE, so a line has more
+positions that must agree. A version's problems never change: a new task is a new version.
 
 The problems are a function of (generator version, split, seed, index) only. Each question
 belongs to one split by a hash of its text, and each split draws from its own random stream,
@@ -84,6 +87,10 @@ GRAMMARS = {
         # order: a model is unsure how a line starts, so tokens decoded in parallel can disagree
         # (the default's since issue 24)
         Grammar("arithmetic-3", (2, 30), 49, 9, ((2, 40),), (2, 3), either_order=True),
+        # counts to 99, amounts to 19 and tripling as well as doubling, written in either order:
+        # a sum table about ten times arithmetic-3's, with two-token numbers under the tiny BPE,
+        # so that parallel decoding costs accuracy on converged models (issue 24)
+        Grammar("arithmetic-4", (2, 60), 99, 19, ((2, 99), (3, 99)), (2, 3), either_order=True),
     )
 }
 GENERATOR_VERSION = "arithmetic-2"  # the version a setting that names none means
