@@ -248,7 +248,8 @@ def test_the_quick_overlay_keeps_every_rule_and_only_cuts_costs(data_dir):
 def test_the_arithmetic_4_overlay_moves_every_model_and_task_to_its_generator(data_dir):
     """tiny-arithmetic-4.yaml is the default's comparison on the harder generator: the same
     models, tasks and points, every model trained on arithmetic-4 problems and every task
-    judging with arithmetic-4, its own run folder and reference models."""
+    judging with arithmetic-4, its own run folder, and no reuse of the default's reference
+    models (trained on arithmetic-3)."""
     env = {"SETDLM_DATA_DIR": str(data_dir)}
     config = tiny_with_overlay(ARITHMETIC_4_PATH)
     validate(config, environ=env)
@@ -259,7 +260,7 @@ def test_the_arithmetic_4_overlay_moves_every_model_and_task_to_its_generator(da
     assert {entry["train"]["generator"] for entry in config["models"].values()} == {"arithmetic-4"}
     tasks = config["tasks"].values()
     assert {task.get("generator", task.get("references")) for task in tasks} == {"arithmetic-4"}
-    assert config["reference_models"] != tiny_config()["reference_models"]
+    assert config["reference_models"] is None
 
 
 @pytest.mark.parametrize(
