@@ -177,19 +177,11 @@ def test_arithmetic_3_writes_commutative_steps_in_either_order_and_stays_correct
     )
     swapped = kept = 0
     for problem in problems:
-        *steps, final = problem.answer.split("\n")
-        value = None
-        for line in steps:
-            left, symbol, right, result = STEP.match(line).groups()
-            left, right, result = int(left), int(right), int(result)
-            expected = {"+": left + right, "-": left - right, "*": left * right}[symbol]
-            assert expected == result and 1 <= result <= 49
-            if value is not None:
-                assert value in (left, right) and (symbol != "-" or left == value)
+        for index, (value, left, _, right, result) in enumerate(_checked_steps(problem)):
+            assert 1 <= result <= 49
+            if index > 0:
                 swapped += value == right and value != left
                 kept += value == left and value != right
-            value = result
-        assert gsm8k.reference_answer(problem.answer).strip() == str(value)
     assert swapped > 50 and kept > 50
     assert arithmetic.identity("test", 300, 0, "arithmetic-3")["generator"] == "arithmetic-3"
     with pytest.raises(ValueError, match="unknown arithmetic generator 'arithmetic-9'"):
@@ -205,14 +197,10 @@ def test_arithmetic_4_keeps_every_step_within_its_bounds_and_reaches_them():
     arithmetic.check_disjoint(arithmetic.generate("train", 20000, 0, "arithmetic-4"), problems)
     amounts, factors, counts = set(), set(), set()
     for problem in problems:
-        *steps, _ = problem.answer.split("\n")
-        value = int(re.search(r"has (\d+) ", problem.question).group(1))
-        assert rules.start[0] <= value <= rules.start[1]
-        for line in steps:
-            left, symbol, right, result = map(_int_or_symbol, STEP.match(line).groups())
+        steps = _checked_steps(problem)
+        assert rules.start[0] <= steps[0][0] <= rules.start[1]
+        for value, left, symbol, right, result in steps:
             amount = right if left == value else left
-            assert value in (left, right) and (symbol != "-" or left == value)
-            assert {"+": left + right, "-": left - right, "*": left * right}[symbol] == result
             assert 1 <= result <= rules.max_value
             if symbol == "*":
                 factors.add(amount)
@@ -220,13 +208,25 @@ def test_arithmetic_4_keeps_every_step_within_its_bounds_and_reaches_them():
                 amounts.add(amount)
                 assert 1 <= amount <= rules.max_amount
             counts.add(result)
-            value = result
-        assert gsm8k.reference_answer(problem.answer).strip() == str(value)
     assert factors == {2, 3} and max(amounts) == 19 and max(counts) > 90
 
 
-def _int_or_symbol(text: str) -> int | str:
-    return text if text in "+-*" else int(text)
+def _checked_steps(problem) -> list[tuple[int, int, str, int, int]]:
+    """A problem's solution steps as (count before, left, symbol, right, result), each checked:
+    the result is right, the count before the step is one of its operands (the left one of a
+    subtraction), and the final answer is the last result."""
+    value = int(re.search(r"has (\d+) ", problem.question).group(1))
+    steps = []
+    *lines, _ = problem.answer.split("\n")
+    for line in lines:
+        left, symbol, right, result = STEP.match(line).groups()
+        left, right, result = int(left), int(right), int(result)
+        assert {"+": left + right, "-": left - right, "*": left * right}[symbol] == result
+        assert value in (left, right) and (symbol != "-" or left == value)
+        steps.append((value, left, symbol, right, result))
+        value = result
+    assert gsm8k.reference_answer(problem.answer).strip() == str(value)
+    return steps
 
 
 def test_an_infilled_step_is_correct_in_every_order_its_generator_writes():
