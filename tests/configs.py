@@ -16,7 +16,6 @@ from snakemake.utils import update_config
 
 TINY_PATH = Path(__file__).resolve().parents[1] / "workflows" / "config" / "tiny.yaml"
 QUICK_PATH = TINY_PATH.with_name("tiny-quick.yaml")
-ARITHMETIC_4_PATH = TINY_PATH.with_name("tiny-arithmetic-4.yaml")
 WIKITEXT_PATH = TINY_PATH.with_name("tiny-wikitext2.yaml")
 WIKITEXT_MODELS = ["ar", "mdlm", "bd3lm-s4", "setdlm-smax8"]
 PAPER_TASKS = {

@@ -123,10 +123,11 @@ TOKENS = ("token agreement", "accuracy")
 REGRESSIONS = [
     (tau_ignored, [f"{SETDLM}/tau-0.1", f"{BD3LM}/tau-0.1"], LIMIT, TOKENS),
     (confidence_inverted, [f"{SETDLM}/tau-1e+06", f"{BD3LM}/tau-1e+06"], LIMIT, TOKENS),
-    # Not the tie rule reversed: on the 8,000-step reference models it changes no token and no
-    # NFE at any of the 41 points of seed 0 (all 300 problems, measured 2026-12-04), so no
-    # decoding check of them can see it. Its guard is the saturated parity fixtures, where ties
-    # decide (test_confidence_ties.py: test_saturated_fixtures_need_both_halves_of_the_rule).
+    # Not the tie rule reversed: on the earlier reference models (arithmetic-3, 8,000 steps) it
+    # changed no token and no NFE at any of the 41 points of seed 0 (all 300 problems, measured
+    # 2026-12-04; not measured again on the arithmetic-4 ones), so no decoding check saw it.
+    # Its guard is the saturated parity fixtures, where ties decide
+    # (test_confidence_ties.py: test_saturated_fixtures_need_both_halves_of_the_rule).
     (window_off_by_one, [f"{SETDLM}/tau-1e+06", f"{SETDLM}/tau-0.1"], LIMIT, TOKENS),
     (cache_commit_skipped, [f"{SETDLM}/tau-1e+06", f"{AR}/tau-1e+06"], LIMIT, TOKENS),
     (eos_ignored, [f"{AR}/tau-1e+06", f"{SETDLM}/tau-1e+06"], LIMIT, TOKENS),

@@ -24,10 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 from configs import (
-    ARITHMETIC_4_PATH,
     tiny_config,
     tiny_quick_config,
-    tiny_with_overlay,
     tiny_with_paper_tasks,
 )
 from workflow_env import copy_of_run, environ
@@ -245,22 +243,17 @@ def test_the_quick_overlay_keeps_every_rule_and_only_cuts_costs(data_dir):
     assert sum(1 for quick, full in steps.values() if full) == 4  # the arithmetic models
 
 
-def test_the_arithmetic_4_overlay_moves_every_model_and_task_to_its_generator(data_dir):
-    """tiny-arithmetic-4.yaml is the default's comparison on the harder generator: the same
-    models, tasks and points, every model trained on arithmetic-4 problems and every task
-    judging with arithmetic-4, its own run folder, and no reuse of the default's reference
-    models (trained on arithmetic-3)."""
-    env = {"SETDLM_DATA_DIR": str(data_dir)}
-    config = tiny_with_overlay(ARITHMETIC_4_PATH)
-    validate(config, environ=env)
-    main, harder = build(tiny_config(), env), build(config, env)
-    assert harder.run == "results/runs/tiny-arithmetic-4" != main.run
-    assert harder.points.keys() == main.points.keys()
-    assert harder.trained.keys() == main.trained.keys()
-    assert {entry["train"]["generator"] for entry in config["models"].values()} == {"arithmetic-4"}
+def test_the_default_trains_and_judges_with_one_generator(data_dir):
+    """tiny.yaml's arithmetic models learn the problems its tasks pose and judge: one generator
+    (arithmetic-4) for every model's training and every arithmetic task, and rows long enough
+    for its longest problem."""
+    config = tiny_config()
+    validate(config, environ={"SETDLM_DATA_DIR": str(data_dir)})
+    trains = [entry["train"] for entry in config["models"].values()]
+    assert {train["generator"] for train in trains} == {"arithmetic-4"}
     tasks = config["tasks"].values()
     assert {task.get("generator", task.get("references")) for task in tasks} == {"arithmetic-4"}
-    assert config["reference_models"] is None
+    assert {train["length"] for train in trains} == {64}
 
 
 @pytest.mark.parametrize(

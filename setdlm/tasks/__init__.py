@@ -221,8 +221,8 @@ PAPER_TABLES: dict[str, PaperTable] = {
             + INTERVALS
             + " arithmetic-solve rows are scored by accuracy (GSM8K answer extraction), "
             "arithmetic-infill rows by whether the masked step is correct as the generator "
-            "writes it (either operand order of a + or * step in arithmetic-3), by exact match "
-            "and by its result.",
+            "writes it (either operand order of a + or * step in arithmetic-3 and -4), by "
+            "exact match and by its result.",
             claims=True,
             claims_also=("arithmetic-unconditional",),
         ),

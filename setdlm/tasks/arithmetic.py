@@ -8,13 +8,14 @@ to learn, with the structure the paper's GSM8K points measure (a chain of steps,
 number).
 
 Versions (``GRAMMARS``): arithmetic-2 writes each step as ``value op amount = result``;
-arithmetic-3, the default's since issue 24, has the same numbers but writes a ``+`` or ``*``
-step with its operands in either order (a fair coin), both correct. A converged model is then
-unsure how such a line starts, which is what decoding several positions in one step can get
-wrong: the kind of uncertainty the paper's speed-quality trade-off is about. arithmetic-4
-writes steps as arithmetic-3 does over larger numbers (counts to 99, amounts to 19, doubling
-and tripling): most of its numbers take two tokens under the tiny BPE, so a line has more
-positions that must agree. A version's problems never change: a new task is a new version.
+arithmetic-3 has the same numbers but writes a ``+`` or ``*`` step with its operands in either
+order (a fair coin), both correct. A converged model is then unsure how such a line starts,
+which is what decoding several positions in one step can get wrong: the kind of uncertainty the
+paper's speed-quality trade-off is about. arithmetic-4, the default's since issue 24 (converged
+tiny models solve arithmetic-3 at every tau), writes steps as arithmetic-3 does over larger
+numbers (counts to 99, amounts to 19, doubling and tripling): most of its numbers take two
+tokens under the tiny BPE, so a line has more positions that must agree. A version's problems
+never change: a new task is a new version.
 
 The problems are a function of (generator version, split, seed, index) only. Each question
 belongs to one split by a hash of its text, and each split draws from its own random stream,
@@ -24,7 +25,7 @@ so train and test are disjoint by construction for any counts and seeds (and che
 The infilling variant masks one middle solution step: the context before and after it is
 given, the step is decoded in place (``split_for_infilling``) and scored against every way the
 version writes that step correctly (``correct_lines``: either operand order of a ``+`` or ``*``
-step in arithmetic-3), as well as by exact match.
+step in arithmetic-3 and -4), as well as by exact match.
 """
 
 from __future__ import annotations

@@ -6,9 +6,10 @@
   between both contexts (BOS + question and earlier steps + MASK * m + later steps and the
   ``#### N`` line + EOS, m = the step's token count: the oracle length, as in ROCStories
   infilling); AR sees only the left context and generates exactly m tokens. Scored by whether
-  the step is correct as the generator writes it (``step_correct``: arithmetic-3 writes a ``+``
-  or ``*`` step with its operands in either order, a fair coin, so "2 * 18 = 36" for the masked
-  "18 * 2 = 36" is right, and exact match alone caps a perfect model at about 74 %), by exact
+  the step is correct as the generator writes it (``step_correct``: arithmetic-3 and -4 write a
+  ``+`` or ``*`` step with its operands in either order, a fair coin, so "2 * 18 = 36" for the
+  masked "18 * 2 = 36" is right, and exact match alone caps a perfect model at about 74 % on
+  arithmetic-3), by exact
   match, and by its result (the number after ``=``, which every later step and the final
   answer build on).
 
