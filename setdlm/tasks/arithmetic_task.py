@@ -9,9 +9,8 @@
   the step is correct as the generator writes it (``step_correct``: arithmetic-3 and -4 write a
   ``+`` or ``*`` step with its operands in either order, a fair coin, so "2 * 18 = 36" for the
   masked "18 * 2 = 36" is right, and exact match alone caps a perfect model at about 74 % on
-  arithmetic-3), by exact
-  match, and by its result (the number after ``=``, which every later step and the final
-  answer build on).
+  arithmetic-3), by exact match, and by its result (the number after ``=``, which every later
+  step and the final answer build on).
 
 Every quality number carries a seeded 95 % bootstrap interval over the test problems.
 """
