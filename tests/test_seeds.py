@@ -465,6 +465,29 @@ def test_every_seed_of_the_default_reuses_its_committed_reference_model():
     assert stale == [], "recipes without a committed reference model (make reference-models)"
 
 
+def test_a_learning_curve_takes_its_budget_from_the_solve_task_unless_it_states_one():
+    """One budget for one question: the curve probes the problems the solve task scores, so it
+    inherits that task's max_new_tokens (resolved before the plan hashes the settings, so that
+    stating it and inheriting it are the same training); a model the task does not evaluate
+    keeps the probe's own default, and a curve's own budget wins."""
+    from setdlm.workflow.config import load, train_settings
+
+    config = load(REPO / "workflows" / "config" / "tiny.yaml", check_data=False)
+    solve = config["tasks"]["arithmetic-solve"]
+    assert "max_new_tokens" not in config["models"]["setdlm-smax8-arith"]["train"]["curve"]
+    assert train_settings(config, "setdlm-smax8-arith")["curve"]["max_new_tokens"] == 26
+    solve["max_new_tokens"] = 30
+    assert train_settings(config, "setdlm-smax8-arith")["curve"]["max_new_tokens"] == 30
+    solve["models"].remove("ar-arith")
+    assert "max_new_tokens" not in train_settings(config, "ar-arith")["curve"]
+    config["models"]["ar-arith"]["train"] = {
+        **config["models"]["ar-arith"]["train"],
+        "curve": {"every": 250, "max_new_tokens": 40},
+    }
+    solve["models"].append("ar-arith")
+    assert train_settings(config, "ar-arith")["curve"]["max_new_tokens"] == 40
+
+
 def test_the_readme_quotes_the_reference_claims_table():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     quoted = readme.split("<!-- CLAIMS TABLE", 1)[1].split("<!-- END CLAIMS TABLE -->", 1)[0]

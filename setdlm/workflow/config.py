@@ -227,8 +227,25 @@ def semantic_errors(config: dict, published: dict, environ, check_data: bool = T
 
 
 def train_settings(config: dict, name: str) -> dict:
-    """A trained model's settings: the top-level ``train`` with the model's own on top."""
-    return {**config["train"], **config["models"][name].get("train", {})}
+    """A trained model's settings: the top-level ``train`` with the model's own on top, and a
+    learning curve's budget, where it gives none, the one its arithmetic-solve points use."""
+    settings = {**config["train"], **config["models"][name].get("train", {})}
+    curve = settings.get("curve")
+    budget = _solve_budget(config, name)
+    if curve is not None and "max_new_tokens" not in curve and budget is not None:
+        # Resolved here, before the plan hashes the settings: a curve that states the solve
+        # budget and one that inherits it are the same training, and record the same curve.
+        settings["curve"] = {**curve, "max_new_tokens": budget}
+    return settings
+
+
+def _solve_budget(config: dict, name: str) -> int | None:
+    """The max_new_tokens of the arithmetic-solve task when it evaluates this model (None:
+    it does not, or it sets none and ArithmeticSettings' default applies)."""
+    solve = config.get("tasks", {}).get("arithmetic-solve") or {}
+    if name not in solve.get("models", ()):
+        return None
+    return solve.get("max_new_tokens")
 
 
 # Train-block keys that say how many models to train and what to record along the way, not
