@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from tie_rule import earlier_wins
 
 from setdlm.checkpoints.parity import run_parity
 from setdlm.core.decoding import engine, sampling
@@ -101,16 +102,8 @@ def test_saturated_fixtures_need_both_halves_of_the_rule(saturated_parity_dir, m
         patch.setattr(sampling, "probabilities", softmax_probabilities)
         assert _failing_generations(saturated_parity_dir)
 
-    original = engine.select_by_confidence
-
-    def earlier_wins(confidence, decoded, k, threshold, **options):
-        flipped = original(
-            confidence[::-1], None if decoded is None else decoded[::-1], k, threshold, **options
-        )
-        return sorted(len(confidence) - 1 - i for i in flipped)
-
     with monkeypatch.context() as patch:
-        patch.setattr(engine, "select_by_confidence", earlier_wins)
+        patch.setattr(engine, "select_by_confidence", earlier_wins(engine.select_by_confidence))
         assert _failing_generations(saturated_parity_dir)
 
 

@@ -102,16 +102,11 @@ def ties_broken_the_other_way(monkeypatch):
     """Among equally confident positions the earlier one commits first, where the official
     sampler (and ours) takes the later: at τ = 1e6 a converged model's saturated confidences
     tie, so the order of commits, and where EOS lands in it, moves."""
+    from tie_rule import earlier_wins
+
     from setdlm.core.decoding import engine
 
-    original = engine.select_by_confidence
-
-    def earlier_wins(confidence, decoded, k, threshold, **options):
-        backwards = None if decoded is None else decoded[::-1]
-        chosen = original(confidence[::-1], backwards, k, threshold, **options)
-        return sorted(len(confidence) - 1 - i for i in chosen)
-
-    monkeypatch.setattr(engine, "select_by_confidence", earlier_wins)
+    monkeypatch.setattr(engine, "select_by_confidence", earlier_wins(engine.select_by_confidence))
 
 
 def bd3lm_wrong_mask(monkeypatch):
