@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from setdlm.eval import seeds
+from setdlm.eval.intervals import mean_t_interval, t_975
 from setdlm.report import claims, curves
 from setdlm.report.separation import NO_SEPARATION, separation_notes
 from setdlm.results.reader import load_results
@@ -241,6 +242,64 @@ def test_claims_verdict_reads_the_interval():
     assert claim.verdict == "holds"
     assert claims.Claim("c", "x", -0.1, -0.2, -0.01, 3, 100).verdict == "reversed"
     assert claims.Claim("c", "x", 0.0, -0.01, 0.02, 3, 100).verdict == "no evidence"
+    # with several seeds the seed-level interval must agree, on either side
+    assert claims.Claim("c", "x", 0.1, 0.01, 0.2, 5, 100, 0.001, 0.2).verdict == "holds"
+    assert claims.Claim("c", "x", 0.1, 0.01, 0.2, 5, 100, -0.05, 0.25).verdict == "no evidence"
+    assert claims.Claim("c", "x", -0.1, -0.2, -0.01, 5, 100, -0.3, 0.02).verdict == "no evidence"
+    assert claims.Claim("c", "x", -0.1, -0.2, -0.01, 5, 100, -0.3, -0.01).verdict == "reversed"
+
+
+def test_the_t_interval_of_a_mean_over_a_few_seeds():
+    low, high = mean_t_interval([1.0, 2.0, 3.0])  # mean 2, standard deviation 1, 2 df
+    assert (low, high) == pytest.approx((2 - 4.303 / 3**0.5, 2 + 4.303 / 3**0.5))
+    assert mean_t_interval([0.4]) is None and mean_t_interval([]) is None
+    assert t_975(4) == 2.776 and t_975(4.9) == 2.776 and t_975(100) == 2.0
+
+
+def _nested_seeds(run: Path, model: str, family: str, tau: float, rates) -> None:
+    """A point whose seed k solves exactly the first ``rates[k]`` share of the problems: two
+    points built so are paired problem by problem, the higher rate solving a superset."""
+    point = _point(run, model, tau)
+    for seed, rate in enumerate(rates):
+        solved = [int(i < round(rate * PROBLEMS)) for i in range(PROBLEMS)]
+        _write_seed(point, seed, solved, family, tau, parallelism_mean=3.0)
+    seeds.aggregate(point)
+
+
+def test_one_seed_cannot_carry_a_verdict_over_five(tmp_path):
+    """Five seeds on which SetDLM solves a superset of BD3LM's problems, by 2-3 points on four
+    and by 40 on one: every resampled difference is positive, so the two-level bootstrap
+    excludes 0, but the seeds disagree too much for a t interval over them to; consistent
+    leads on every seed hold."""
+    run = tmp_path / "runs" / "five"
+    bd3lm = (0.6, 0.6, 0.6, 0.6, 0.6)
+    _nested_seeds(run, "bd3lm-s4-arith", "bd3lm", 0.5, bd3lm)
+    _nested_seeds(run, "setdlm-smax8-arith", "setdlm", 0.5, (0.625, 0.625, 0.625, 0.6, 1.0))
+    [carried] = claims.build_claims(load_results(run))
+    differences = [0.025, 0.025, 0.025, 0.0, 0.4]
+    assert carried.seeds == 5 and carried.difference == pytest.approx(np.mean(differences))
+    assert carried.low > 0  # the bootstrap alone would say "holds"
+    assert (carried.seed_low, carried.seed_high) == pytest.approx(mean_t_interval(differences))
+    assert carried.seed_low < 0 and carried.verdict == claims.NO_EVIDENCE
+    row = claims.claims_table(load_results(run)).rows[0]
+    assert row["seed_level"] == pytest.approx(
+        (100 * carried.difference, 100 * carried.seed_low, 100 * carried.seed_high)
+    )
+
+    steady = tmp_path / "runs" / "steady"
+    _nested_seeds(steady, "bd3lm-s4-arith", "bd3lm", 0.5, bd3lm)
+    _nested_seeds(steady, "setdlm-smax8-arith", "setdlm", 0.5, (0.7, 0.725, 0.7, 0.675, 0.7))
+    [held] = claims.build_claims(load_results(steady))
+    assert held.seed_low > 0 and held.verdict == claims.HOLDS
+
+    # one trained model per family: the bootstrap over problems decides, and the table says so
+    single = tmp_path / "runs" / "single"
+    _nested_seeds(single, "bd3lm-s4-arith", "bd3lm", 0.5, (0.6,))
+    _nested_seeds(single, "setdlm-smax8-arith", "setdlm", 0.5, (0.7,))
+    table = claims.claims_table(load_results(single))
+    [row] = table.rows
+    assert row["seed_level"] is None and row["verdict"] == claims.HOLDS
+    assert any("no seed-level interval" in note for note in table.notes)
 
 
 # -------------------------------------------------------------------------- learning curves

@@ -242,7 +242,10 @@ def interval_note(points: list[ResultPoint]) -> str:
             ": the mean over the seeds, and a two-level bootstrap interval (2000 seeded "
             "resamples of the seeds, then of the examples within each seed), so the interval "
             "holds the spread between trainings as well as between examples; each seed's "
-            "values are in the '_seeds' table"
+            "values are in the '_seeds' table. Over a handful of seeds that interval is too "
+            "narrow (it divides the seeds' variance by n, not n - 1, and reads normal quantiles, "
+            "not Student's t), so rows whose intervals barely miss each other decide nothing: "
+            "the claims table's verdicts also need a seed-level t interval"
         )
     if single:
         parts.append(

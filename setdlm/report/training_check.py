@@ -39,6 +39,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from setdlm.eval.intervals import t_975
 from setdlm.report.curves import CURVE_FILE, probe_size, probe_standard_error
 from setdlm.util.errors import UserError
 from setdlm.util.files import atomic_write_json, read_json
@@ -148,18 +149,7 @@ def write_baseline(path: Path, models: Path) -> dict:
     return baseline
 
 
-# Two-sided 95 % quantiles of Student's t by degrees of freedom (1-30; beyond, 2.0 is within
-# 2 % of every value). A fractional Welch df is rounded down: the wider interval.
-T_975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
 COMPARED_MEANS = ("accuracy",)
-
-
-def t_975(df: float) -> float:
-    return T_975[min(max(int(df), 1), len(T_975)) - 1] if df <= len(T_975) else 2.0
 
 
 def welch_difference(
