@@ -258,17 +258,18 @@ def test_the_t_interval_of_a_mean_over_a_few_seeds():
 
 def _nested_seeds(run: Path, model: str, family: str, tau: float, rates) -> None:
     """A point whose seed k solves exactly the first ``rates[k]`` share of the problems: two
-    points built so are paired problem by problem, the higher rate solving a superset."""
+    points built so are paired problem by problem, the higher rate solving a superset. Its
+    parallelism: 1 at τ = 1e6, 3 below."""
     point = _point(run, model, tau)
     for seed, rate in enumerate(rates):
         solved = [int(i < round(rate * PROBLEMS)) for i in range(PROBLEMS)]
-        _write_seed(point, seed, solved, family, tau, parallelism_mean=3.0)
+        _write_seed(point, seed, solved, family, tau, parallelism_mean=1.0 if tau == 1e6 else 3.0)
     seeds.aggregate(point)
 
 
 def test_one_seed_cannot_carry_a_verdict_over_five(tmp_path):
-    """Five seeds on which SetDLM solves a superset of BD3LM's problems, by 2-3 points on four
-    and by 40 on one: every resampled difference is positive, so the two-level bootstrap
+    """Five seeds on which SetDLM solves a superset of BD3LM's problems, by 0-2.5 points on four
+    and by 40 on one: no resampled difference is negative, so the two-level bootstrap
     excludes 0, but the seeds disagree too much for a t interval over them to; consistent
     leads on every seed hold."""
     run = tmp_path / "runs" / "five"
@@ -282,9 +283,7 @@ def test_one_seed_cannot_carry_a_verdict_over_five(tmp_path):
     assert (carried.seed_low, carried.seed_high) == pytest.approx(mean_t_interval(differences))
     assert carried.seed_low < 0 and carried.verdict == claims.NO_EVIDENCE
     row = claims.claims_table(load_results(run)).rows[0]
-    assert row["seed_level"] == pytest.approx(
-        (100 * carried.difference, 100 * carried.seed_low, 100 * carried.seed_high)
-    )
+    assert row["seed_level"][1:] == pytest.approx((100 * carried.seed_low, 100 * carried.seed_high))
 
     steady = tmp_path / "runs" / "steady"
     _nested_seeds(steady, "bd3lm-s4-arith", "bd3lm", 0.5, bd3lm)
@@ -300,6 +299,71 @@ def test_one_seed_cannot_carry_a_verdict_over_five(tmp_path):
     [row] = table.rows
     assert row["seed_level"] is None and row["verdict"] == claims.HOLDS
     assert any("no seed-level interval" in note for note in table.notes)
+
+
+def test_the_seed_level_interval_follows_the_curves_interpolation(tmp_path):
+    """At equal parallelism 2, halfway between each curve's τ = 1e6 (1 token/step) and τ = 0.5
+    (3) points, every seed's value is interpolated as the resamples are."""
+    run = tmp_path / "runs" / "curve"
+    rates = {
+        ("setdlm-smax8-arith", 1e6): (0.9, 0.95, 0.9, 0.85, 0.9),
+        ("setdlm-smax8-arith", 0.5): (0.7, 0.8, 0.6, 0.7, 0.75),
+        ("bd3lm-s4-arith", 1e6): (0.9, 0.9, 0.9, 0.9, 0.9),
+        ("bd3lm-s4-arith", 0.5): (0.6, 0.65, 0.6, 0.7, 0.5),
+    }
+    for (model, tau), seed_rates in rates.items():
+        _nested_seeds(run, model, model.split("-")[0], tau, seed_rates)
+    by_claim = {c.claim: c for c in claims.build_claims(load_results(run))}
+    at_two = by_claim["accuracy at equal parallelism 2 tokens/step: SetDLM higher"]
+    ours = [
+        (a + b) / 2
+        for a, b in zip(*[rates["setdlm-smax8-arith", t] for t in (1e6, 0.5)], strict=True)
+    ]
+    theirs = [
+        (a + b) / 2 for a, b in zip(*[rates["bd3lm-s4-arith", t] for t in (1e6, 0.5)], strict=True)
+    ]
+    differences = [a - b for a, b in zip(ours, theirs, strict=True)]
+    assert at_two.difference == pytest.approx(np.mean(differences))
+    assert (at_two.seed_low, at_two.seed_high) == pytest.approx(mean_t_interval(differences))
+    lost = by_claim["accuracy lost from τ = 1e6 to parallelism 2: SetDLM loses less"]
+    losses = [  # BD3LM's loss minus SetDLM's, per seed
+        (b1 - b2) - (s1 - s2)
+        for s1, s2, b1, b2 in zip(
+            rates["setdlm-smax8-arith", 1e6],
+            ours,
+            rates["bd3lm-s4-arith", 1e6],
+            theirs,
+            strict=True,
+        )
+    ]
+    assert (lost.seed_low, lost.seed_high) == pytest.approx(mean_t_interval(losses))
+
+
+def test_points_of_other_seeds_are_not_paired_within_a_curve_either(tmp_path):
+    """SetDLM's τ = 0.5 point decoded with four seeds where the rest has five: no claim uses
+    it (nothing interpolates one seed's value against another's), and the rest still builds."""
+    run = tmp_path / "runs" / "short"
+    _nested_seeds(run, "bd3lm-s4-arith", "bd3lm", 1e6, (0.9,) * 5)
+    _nested_seeds(run, "bd3lm-s4-arith", "bd3lm", 0.5, (0.6,) * 5)
+    _nested_seeds(run, "setdlm-smax8-arith", "setdlm", 1e6, (0.9,) * 5)
+    _nested_seeds(run, "setdlm-smax8-arith", "setdlm", 0.5, (0.8,) * 4)
+    found = claims.build_claims(load_results(run))
+    assert [c.claim for c in found] == ["accuracy at equal τ = 1e6: SetDLM higher"]
+    assert found[0].seeds == 5
+
+
+def test_one_model_pairs_with_one_seed_whatever_its_folder(tmp_path):
+    """A point evaluated once, without seed folders, against one in a seed-0 folder."""
+    run = tmp_path / "runs" / "mixed"
+    _nested_seeds(run, "bd3lm-s4-arith", "bd3lm", 0.5, (0.6,))
+    _nested_seeds(run, "setdlm-smax8-arith", "setdlm", 0.5, (0.7,))
+    point = _point(run, "setdlm-smax8-arith", 0.5)
+    for path in (point / "seed-0").iterdir():  # the seed's result, moved up to the point
+        path.replace(point / path.name)
+    (point / "seed-0").rmdir()
+    [claim] = claims.build_claims(load_results(run))
+    assert claim.seeds == 1 and claim.seed_low is None
+    assert claim.difference == pytest.approx(0.1) and claim.verdict == claims.HOLDS
 
 
 # -------------------------------------------------------------------------- learning curves

@@ -92,6 +92,7 @@ T_975 = (
 
 
 def t_975(df: float) -> float:
+    """Student's t two-sided 95 % quantile at ``df`` degrees of freedom."""
     return T_975[min(max(int(df), 1), len(T_975)) - 1] if df <= len(T_975) else 2.0
 
 

@@ -13,8 +13,8 @@ with 1/n instead of 1/(n-1), and its percentiles are normal quantiles where Stud
 degrees of freedom belongs (2.78 against 1.96 at five seeds). One seed far from the others can
 then carry a verdict. So each claim also has a seed-level interval: the t 95 % interval of the
 mean of its per-seed differences (setdlm/eval/intervals.py ``mean_t_interval``), which holds the
-seed spread at its small-sample width (the problems are the same for every seed there, so it
-treats them as fixed, which is why the bootstrap stays). The verdict needs both:
+seed spread at its small-sample width. On solve and infill every seed decodes the same problems,
+so it treats them as fixed, which is why the bootstrap stays. The verdict needs both:
 
 - "holds": both intervals exclude 0 on the paper's side;
 - "reversed": both exclude 0 on the other side;
@@ -112,13 +112,18 @@ class Drawn:
         return float(self.per_seed.mean())
 
     def pairs_with(self, other: Drawn) -> bool:
+        """Whether the two are of the same seeds and examples, so that their resamples and
+        per-seed values combine element by element (one model on each side pairs, whatever its
+        folder is called)."""
+        one_each = len(self.seeds) == len(other.seeds) == 1
         return (
-            self.seeds == other.seeds
+            (self.seeds == other.seeds or one_each)
             and self.examples == other.examples
             and self.resamples.shape == other.resamples.shape
         )
 
     def minus(self, other: Drawn) -> Drawn:
+        self._check_pairs(other)
         return Drawn(
             self.resamples - other.resamples,
             self.per_seed - other.per_seed,
@@ -128,12 +133,22 @@ class Drawn:
 
     def toward(self, other: Drawn, weight: float) -> Drawn:
         """The linear interpolation (1 - weight) * self + weight * other."""
+        self._check_pairs(other)
         return Drawn(
             (1 - weight) * self.resamples + weight * other.resamples,
             (1 - weight) * self.per_seed + weight * other.per_seed,
             self.seeds,
             self.examples,
         )
+
+    def _check_pairs(self, other: Drawn) -> None:
+        # numpy would broadcast one seed's value against five, or fail deep inside: callers
+        # ask pairs_with first, and a caller that forgot is a bug
+        if not self.pairs_with(other):
+            raise ValueError(
+                f"cannot combine seeds {self.seeds} ({self.examples} examples) with "
+                f"{other.seeds} ({other.examples})"
+            )
 
 
 def resampled(point: ResultPoint, metric: str) -> Drawn | None:
@@ -255,7 +270,8 @@ def _at(rows: list[tuple[float, Drawn]], level: float) -> Drawn | None:
     resamples and each seed's value with the same weights."""
     for (x0, d0), (x1, d1) in zip(rows, rows[1:], strict=False):
         if x0 <= level <= x1 and x1 > x0:
-            return d0.toward(d1, (level - x0) / (x1 - x0))
+            # two points of one curve decoded with other seeds do not interpolate
+            return d0.toward(d1, (level - x0) / (x1 - x0)) if d0.pairs_with(d1) else None
     return None
 
 
@@ -287,7 +303,7 @@ def _loss_to_parallelism(setdlm, bd3lm, name: str, claim_set: ClaimSet) -> list[
         if start is None or not curve:
             return None
         at_start, at_level = resampled(start, claim_set.metric), _at(curve, LOSS_LEVEL)
-        if at_start is None or at_level is None:
+        if at_start is None or at_level is None or not at_start.pairs_with(at_level):
             return None
         return at_start.minus(at_level)
 
@@ -318,7 +334,7 @@ def claims_table(results: Results) -> Table:
             "difference": (100 * c.difference, 100 * c.low, 100 * c.high),
             "seed_level": None
             if c.seed_low is None
-            else (100 * c.difference, 100 * c.seed_low, 100 * c.seed_high),
+            else (None, 100 * c.seed_low, 100 * c.seed_high),
             "verdict": c.verdict,
             "seeds": c.seeds,
             "examples": c.examples,
@@ -336,7 +352,8 @@ def claims_table(results: Results) -> Table:
         "because a bootstrap over a handful of seeds is too narrow (it divides their variance by "
         "n and reads normal quantiles) and lets one seed carry a verdict. holds: both intervals "
         "exclude 0 on the paper's side; reversed: both exclude 0 on the other side; no "
-        "evidence: otherwise (a bound shown as 0.0 is judged unrounded: the CSV has it).",
+        "evidence: otherwise (judged unrounded: a seed-level bound shown as 0.0 is above 0, "
+        "-0.0 below; the CSV has every bound in full).",
         "Models: SetDLM-smax2S against BD3LM-S (the paper's pairing), each with its own "
         "decoding policy; tiny CPU models on the synthetic arithmetic task, so these are the "
         "paper's comparisons in miniature, not its numbers (setdlm/report/claims.py).",
@@ -369,10 +386,11 @@ def claims_table(results: Results) -> Table:
     )
 
 
-def _bounds(cell: tuple[float, float, float]) -> str:
-    """[low, high] of a ranged cell whose middle another column already shows."""
+def _bounds(cell: tuple[None, float, float]) -> str:
+    """[low, high] of the seed-level interval, each with its sign: a bound of -0.002 reads
+    "-0.0" beside a verdict of no evidence, where the other columns' format would print 0.0."""
     _, low, high = cell
-    return f"[{low:z.1f}, {high:z.1f}]"
+    return f"[{low:.1f}, {high:.1f}]"
 
 
 def has_claims(run_dir: Path) -> bool:

@@ -8,9 +8,11 @@ such a task's note says "no separation". Two kinds of pairs are looked at:
   τ, AR's or a likelihood's, stands for every τ), their intervals are disjoint;
 - within a curve as τ falls: two of its points have disjoint intervals.
 
-Disjoint intervals are a conservative test: two overlapping intervals can still differ in a
-paired comparison (the claims table computes those), so "no separation" means no evidence of a
-difference, not evidence of none.
+Disjoint intervals are a conservative test against a paired comparison: two overlapping
+intervals can still differ there (the claims table computes those), so "no separation" means no
+evidence of a difference, not evidence of none. They are not conservative over a handful of
+seeds, though: a row's two-level bootstrap is too narrow there (setdlm/report/claims.py), so a
+separation is a lead for the claims table, whose verdicts also need a seed-level t interval.
 """
 
 from __future__ import annotations
