@@ -222,6 +222,36 @@ def test_the_unconditional_figure_draws_mauve_under_correctness(tmp_path):
     assert FIGURES["arithmetic-solve"].rows == (FIGURES["arithmetic-solve"],)
 
 
+def test_each_seed_has_its_own_aup_and_the_table_gives_their_interval(tmp_path):
+    from setdlm.report.aup import aup, seed_aups
+    from setdlm.report.tables import aup_notes
+
+    points = [{0: (1.0, 0.9), 1: (1.0, 0.8)}, {0: (3.0, 0.7), 1: (2.0, 0.8)}]
+    per_seed = seed_aups(points, reference=0.9)
+    assert per_seed == pytest.approx([
+        aup([(1.0, 0.9), (3.0, 0.7)], 0.9).value,
+        aup([(1.0, 0.8), (2.0, 0.8)], 0.9).value,
+    ])  # fmt: skip
+    assert seed_aups([{0: (1.0, 0.9), 1: (1.0, 0.8)}, {0: (3.0, 0.7)}], 0.9) is None
+    assert seed_aups([{0: (1.0, 0.9)}, {0: (3.0, 0.7)}], 0.9) is None  # one seed: no spread
+
+    run = _run_with_pair(tmp_path, setdlm_rates=(0.9, 0.85), bd3lm_rates=(0.9, 0.2))
+    points = load_results(run).points
+    [note] = aup_notes(points)
+    setdlm_points = [p for p in points if p.model == "setdlm-smax8-arith"]
+    reference = max(p.quality("strict_match") for p in points)
+    seed_values = [
+        {s["seed"]: (s["speed"]["parallelism_mean"], s["quality"]["strict_match"]) for s in p.seeds}
+        for p in setdlm_points
+    ]
+    expected = seed_aups(seed_values, reference)
+    low, high = mean_t_interval(expected)
+    assert (
+        f"over its 3 seeds {100 * np.mean(expected):.1f} [{100 * low:.1f}, {100 * high:.1f}]"
+        in note
+    )
+
+
 # ------------------------------------------------------------------------- separation notes
 def test_a_table_whose_intervals_all_overlap_says_no_separation(tmp_path):
     same = load_results(_run_with_pair(tmp_path, (0.6, 0.6), (0.6, 0.6)))

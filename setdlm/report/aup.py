@@ -9,6 +9,10 @@ the reference y_ref, and less the further it falls below it, so speed bought wit
 earns little. The reference is the best accuracy of any point of the task (every family), so
 the families of one table share it; it is stated with the numbers. A family with one point
 (AR) has AUP = ρ · y · W(y): its accuracy at parallelism 1.
+
+A curve decoded with several training seeds also has one AUP per seed (``seed_aups``: that
+seed's own parallelism and accuracy at every point, the same reference), whose spread is the
+seed-level interval the tables give beside the AUP of the mean curve.
 """
 
 from __future__ import annotations
@@ -42,3 +46,13 @@ def aup(points: list[tuple[float, float]], reference: float) -> Aup:
     for (rho_a, y_a), (rho_b, y_b) in zip(weighted, weighted[1:], strict=False):
         area += (rho_b - rho_a) * (y_a + y_b) / 2
     return Aup(area, reference, len(points))
+
+
+def seed_aups(points: list[dict[int, tuple[float, float]]], reference: float) -> list[float] | None:
+    """Each seed's AUP over a curve: ``points[i]`` maps seed -> (parallelism, accuracy) at the
+    curve's i-th point. None unless every point was decoded with the same seeds, two or more
+    (an AUP of seed 0's points and seed 1's would be no seed's)."""
+    seeds = {tuple(sorted(point)) for point in points}
+    if len(seeds) != 1 or len(next(iter(seeds))) < 2:
+        return None
+    return [aup([point[seed] for point in points], reference).value for seed in sorted(points[0])]

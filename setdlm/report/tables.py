@@ -14,11 +14,12 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from setdlm.eval.intervals import mean_t_interval
 from setdlm.families import FAMILY_NAMES
 from setdlm.families import family as family_info
 from setdlm.families import policy as policy_info
 from setdlm.report import paper_numbers
-from setdlm.report.aup import ALPHA, aup
+from setdlm.report.aup import ALPHA, aup, seed_aups
 from setdlm.report.separation import separation_notes
 from setdlm.report.table import (
     Column,
@@ -29,7 +30,7 @@ from setdlm.report.table import (
     to_latex,
     to_markdown,
 )
-from setdlm.results.reader import ResultPoint, Results, speed_protocol_of
+from setdlm.results.reader import ResultPoint, Results, is_number, speed_protocol_of
 from setdlm.tasks import PAPER_TABLES, TASKS, Quality, paper_table, table_columns, table_tasks
 from setdlm.util.files import atomic_write_text
 
@@ -291,7 +292,8 @@ def decoding_table(spec: TableSpec, results: Results) -> Table:
 
 
 def aup_notes(points: list[ResultPoint]) -> list[str]:
-    """Per task with a τ sweep: each family's AUP over its points, with the reference."""
+    """Per task with a τ sweep: each family's AUP over its points, with the reference, and over
+    its seeds where it has several (each seed's AUP, their mean with a t interval)."""
     notes = []
     for task in sorted({p.task for p in points}):
         headline = TASKS[task].headline
@@ -299,23 +301,48 @@ def aup_notes(points: list[ResultPoint]) -> list[str]:
         if not scored or not any(p.tau is not None for p in scored):
             continue
         reference = max(p.quality(headline) for p in scored)
-        by_curve: dict[str, list[tuple[float, float]]] = {}
+        by_curve: dict[str, list[ResultPoint]] = {}
         for p in scored:
-            parallelism = p.speed("parallelism_mean")
-            if parallelism is not None:
-                by_curve.setdefault(p.curve, []).append((parallelism, p.quality(headline)))
+            if p.speed("parallelism_mean") is not None:
+                by_curve.setdefault(p.curve, []).append(p)
         shown = "; ".join(
-            f"{name} {100 * aup(curve, reference).value:.1f} ({len(curve)} point"
-            f"{'s' if len(curve) != 1 else ''})"
-            for name, curve in by_curve.items()
+            _aup_text(name, curve, headline, reference) for name, curve in by_curve.items()
         )
         notes.append(
             f"AUP ({task}, {headline} × parallelism, in % × tokens/step; {ALPHA:g} = α, "
             f"reference accuracy {100 * reference:.1f} %, the best point of the task): {shown}. "
             "AUP = area under the accuracy-parallelism curve, each accuracy y weighted by "
-            "min(1, exp(−α (1 − y / reference))) (setdlm/report/aup.py)."
+            "min(1, exp(−α (1 − y / reference))) (setdlm/report/aup.py). The first number is "
+            "the AUP of the curve of seed means; over seeds: the mean of each seed's own AUP "
+            "(its parallelism and accuracy at every point, the same reference) with a Student-t "
+            "95 % interval over the seeds."
         )
     return notes
+
+
+def _aup_text(name: str, curve: list[ResultPoint], headline: str, reference: float) -> str:
+    means = [(p.speed("parallelism_mean"), p.quality(headline)) for p in curve]
+    text = f"{name} {100 * aup(means, reference).value:.1f} ({len(curve)} point"
+    text += "s" if len(curve) != 1 else ""
+    per_seed = seed_aups([_seed_values(p, headline) for p in curve], reference)
+    if per_seed is not None:  # two seeds or more: a t interval exists
+        low, high = mean_t_interval(per_seed)
+        mean = sum(per_seed) / len(per_seed)
+        text += (
+            f"; over its {len(per_seed)} seeds {100 * mean:.1f} [{100 * low:.1f}, {100 * high:.1f}]"
+        )
+    return text + ")"
+
+
+def _seed_values(point: ResultPoint, headline: str) -> dict[int, tuple[float, float]]:
+    """seed -> (parallelism, headline quality) of one point, for the seeds that have both."""
+    found = {}
+    for entry in point.seeds:
+        parallelism = (entry.get("speed") or {}).get("parallelism_mean")
+        quality = (entry.get("quality") or {}).get(headline)
+        if is_number(parallelism) and is_number(quality):
+            found[entry["seed"]] = (float(parallelism), float(quality))
+    return found
 
 
 def _identity_columns() -> list[Column]:
