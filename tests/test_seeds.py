@@ -235,21 +235,39 @@ def test_each_seed_has_its_own_aup_and_the_table_gives_their_interval(tmp_path):
     assert seed_aups([{0: (1.0, 0.9), 1: (1.0, 0.8)}, {0: (3.0, 0.7)}], 0.9) is None
     assert seed_aups([{0: (1.0, 0.9)}, {0: (3.0, 0.7)}], 0.9) is None  # one seed: no spread
 
-    run = _run_with_pair(tmp_path, setdlm_rates=(0.9, 0.85), bd3lm_rates=(0.9, 0.2))
-    points = load_results(run).points
-    [note] = aup_notes(points)
-    setdlm_points = [p for p in points if p.model == "setdlm-smax8-arith"]
-    reference = max(p.quality("strict_match") for p in points)
-    seed_values = [
-        {s["seed"]: (s["speed"]["parallelism_mean"], s["quality"]["strict_match"]) for s in p.seeds}
-        for p in setdlm_points
+    # a table's note: each seed with its own parallelism at each point; a curve whose points
+    # have other seeds (BD3LM's τ = 0.5: seed 0 only) gets its mean curve's AUP alone
+    run = tmp_path / "runs" / "aup"
+    per_seed = {  # (model, τ): [(parallelism, solved of 120) per seed]
+        ("setdlm-smax8-arith", 1e6): [(1.0, 108), (1.2, 96)],
+        ("setdlm-smax8-arith", 0.5): [(3.0, 84), (2.0, 96)],
+        ("bd3lm-s4-arith", 1e6): [(1.0, 90), (1.0, 90)],
+        ("bd3lm-s4-arith", 0.5): [(3.0, 60)],
+    }
+    for (model, tau), seed_points in per_seed.items():
+        point = _point(run, model, tau)
+        for seed, (parallelism, solved) in enumerate(seed_points):
+            rows = [int(i < solved) for i in range(PROBLEMS)]
+            family = model.split("-")[0]
+            _write_seed(point, seed, rows, family, tau, parallelism_mean=parallelism)
+        seeds.aggregate(point)
+    [note] = aup_notes(load_results(run).points)
+    reference = 0.85  # SetDLM's τ = 1e6 point: (108 + 96) / 2 of 120
+    by_hand = [
+        aup([(1.0, 0.9), (3.0, 0.7)], reference).value,
+        aup([(1.2, 0.8), (2.0, 0.8)], reference).value,
     ]
-    expected = seed_aups(seed_values, reference)
-    low, high = mean_t_interval(expected)
-    assert (
-        f"over its 3 seeds {100 * np.mean(expected):.1f} [{100 * low:.1f}, {100 * high:.1f}]"
-        in note
+    low, high = mean_t_interval(by_hand)
+    assert low < 0  # two seeds this far apart: the t bound is cut at 0
+    expected = (
+        f"setdlm-smax8-arith {100 * aup([(1.1, 0.85), (2.5, 0.75)], reference).value:.1f} "
+        f"(2 points; per seed {100 * by_hand[0]:.1f} / {100 * by_hand[1]:.1f}: mean "
+        f"{100 * np.mean(by_hand):.1f} [0.0†, {100 * high:.1f}])"
     )
+    assert expected in note
+    bd3lm = aup([(1.0, 0.75), (3.0, 0.5)], reference).value
+    assert f"bd3lm-s4-arith {100 * bd3lm:.1f} (2 points)" in note
+    assert note.count("per seed") == 1 and "curve of seed means" in note
 
 
 # ------------------------------------------------------------------------- separation notes

@@ -50,8 +50,8 @@ def aup(points: list[tuple[float, float]], reference: float) -> Aup:
 
 def seed_aups(points: list[dict[int, tuple[float, float]]], reference: float) -> list[float] | None:
     """Each seed's AUP over a curve: ``points[i]`` maps seed -> (parallelism, accuracy) at the
-    curve's i-th point. None unless every point was decoded with the same seeds, two or more
-    (an AUP of seed 0's points and seed 1's would be no seed's)."""
+    curve's i-th point. None unless every point has the same seeds, two or more: a seed missing
+    at some point would have an AUP over other points than the rest."""
     seeds = {tuple(sorted(point)) for point in points}
     if len(seeds) != 1 or len(next(iter(seeds))) < 2:
         return None

@@ -11,6 +11,7 @@ exist. Every table's notes state its units, what each metric is (the definitions
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from setdlm.report.table import (
     to_latex,
     to_markdown,
 )
-from setdlm.results.reader import ResultPoint, Results, is_number, speed_protocol_of
+from setdlm.results.reader import ResultPoint, Results, speed_protocol_of
 from setdlm.tasks import PAPER_TABLES, TASKS, Quality, paper_table, table_columns, table_tasks
 from setdlm.util.files import atomic_write_text
 
@@ -305,44 +306,45 @@ def aup_notes(points: list[ResultPoint]) -> list[str]:
         for p in scored:
             if p.speed("parallelism_mean") is not None:
                 by_curve.setdefault(p.curve, []).append(p)
-        shown = "; ".join(
-            _aup_text(name, curve, headline, reference) for name, curve in by_curve.items()
-        )
-        notes.append(
+        texts = [_aup_text(name, curve, headline, reference) for name, curve in by_curve.items()]
+        note = (
             f"AUP ({task}, {headline} × parallelism, in % × tokens/step; {ALPHA:g} = α, "
-            f"reference accuracy {100 * reference:.1f} %, the best point of the task): {shown}. "
-            "AUP = area under the accuracy-parallelism curve, each accuracy y weighted by "
-            "min(1, exp(−α (1 − y / reference))) (setdlm/report/aup.py). The first number is "
-            "the AUP of the curve of seed means; over seeds: the mean of each seed's own AUP "
-            "(its parallelism and accuracy at every point, the same reference) with a Student-t "
-            "95 % interval over the seeds."
+            f"reference accuracy {100 * reference:.1f} %, the best point of the task): "
+            f"{'; '.join(text for text, _ in texts)}. AUP = area under the accuracy-parallelism "
+            "curve, each accuracy y weighted by min(1, exp(−α (1 − y / reference))) "
+            "(setdlm/report/aup.py)."
         )
+        if any(seeded for _, seeded in texts):
+            note += (
+                " A family's first number is the AUP of its curve of seed means (MLflow's "
+                "`aup`). Trained with several seeds, it also has each seed's own AUP (that "
+                "seed's parallelism and accuracy at every point, the same reference), their mean "
+                "and a Student-t 95 % interval over the seeds († a lower bound below 0, cut at "
+                "0). The two means differ where seeds spread, the weighting being nonlinear: "
+                "the per-seed AUPs are trained models' curves, the curve of seed means is none."
+            )
+        notes.append(note)
     return notes
 
 
-def _aup_text(name: str, curve: list[ResultPoint], headline: str, reference: float) -> str:
+def _aup_text(
+    name: str, curve: list[ResultPoint], headline: str, reference: float
+) -> tuple[str, bool]:
+    """A curve's AUP in words, and whether it came with its seeds' AUPs."""
     means = [(p.speed("parallelism_mean"), p.quality(headline)) for p in curve]
     text = f"{name} {100 * aup(means, reference).value:.1f} ({len(curve)} point"
     text += "s" if len(curve) != 1 else ""
-    per_seed = seed_aups([_seed_values(p, headline) for p in curve], reference)
-    if per_seed is not None:  # two seeds or more: a t interval exists
-        low, high = mean_t_interval(per_seed)
-        mean = sum(per_seed) / len(per_seed)
-        text += (
-            f"; over its {len(per_seed)} seeds {100 * mean:.1f} [{100 * low:.1f}, {100 * high:.1f}]"
-        )
-    return text + ")"
-
-
-def _seed_values(point: ResultPoint, headline: str) -> dict[int, tuple[float, float]]:
-    """seed -> (parallelism, headline quality) of one point, for the seeds that have both."""
-    found = {}
-    for entry in point.seeds:
-        parallelism = (entry.get("speed") or {}).get("parallelism_mean")
-        quality = (entry.get("quality") or {}).get(headline)
-        if is_number(parallelism) and is_number(quality):
-            found[entry["seed"]] = (float(parallelism), float(quality))
-    return found
+    per_seed = seed_aups([p.seed_pairs("parallelism_mean", headline) for p in curve], reference)
+    if per_seed is None:
+        return text + ")", False
+    low, high = mean_t_interval(per_seed)  # two seeds or more: seed_aups says so
+    shown = " / ".join(f"{100 * value:.1f}" for value in per_seed)
+    low_text = f"{100 * low:.1f}" if low >= 0 else "0.0†"
+    text += (
+        f"; per seed {shown}: mean {100 * statistics.fmean(per_seed):.1f} "
+        f"[{low_text}, {100 * high:.1f}])"
+    )
+    return text, True
 
 
 def _identity_columns() -> list[Column]:

@@ -100,6 +100,17 @@ class ResultPoint:
             return None
         return self.policy or family_info(self.family).default_policy.name
 
+    def seed_pairs(self, speed: str, quality: str) -> dict[int, tuple[float, float]]:
+        """seed -> (speed ``speed``, quality ``quality``) of each training seed that recorded
+        both as numbers; empty for a point of one model."""
+        pairs = {}
+        for entry in self.seeds:
+            x = (entry.get("speed") or {}).get(speed)
+            y = (entry.get("quality") or {}).get(quality)
+            if is_number(x) and is_number(y):
+                pairs[entry["seed"]] = (float(x), float(y))
+        return pairs
+
     def quality(self, name: str) -> float | None:
         entry = self.metrics.get("quality", {}).get(name)
         return None if entry is None else entry.get("value")
