@@ -116,6 +116,15 @@ def test_aggregate_writes_the_mean_over_seeds_with_each_seeds_values(tmp_path):
     assert [s["seed"] for s in read.seeds] == [0, 1, 2]
 
 
+def test_a_speed_some_seed_lacks_is_not_averaged_from_the_others(tmp_path):
+    rng = np.random.default_rng(5)
+    point = _point(tmp_path / "runs" / "r", "setdlm-smax8-arith", 0.5)
+    _write_seed(point, 0, _solved(0.5, rng), "setdlm", 0.5, latency_p50_seconds=0.2)
+    _write_seed(point, 1, _solved(0.5, rng), "setdlm", 0.5)
+    speed = seeds.aggregate(point)["speed"]
+    assert "latency_p50_seconds" not in speed and speed["nfe_mean"] == 20.0
+
+
 def test_seeds_of_different_evaluations_are_refused_naming_the_folder(tmp_path):
     rng = np.random.default_rng(3)
     point = _point(tmp_path / "runs" / "r", "setdlm-smax8-arith", 0.5)

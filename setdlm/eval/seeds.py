@@ -175,7 +175,10 @@ def _aggregate_metric(name: str, runs: list[dict], columns: list) -> dict:
 def _mean_speed(speeds: list[dict]) -> dict:
     keys = [key for key in speeds[0] if all(_number(speed.get(key)) for speed in speeds)]
     mean = {key: float(np.mean([speed[key] for speed in speeds])) for key in keys}
-    others = {key: value for key, value in speeds[0].items() if key not in mean}
+    # a number that some seed lacks has no mean: seed 0's alone under its name would pass for one
+    others = {
+        key: value for key, value in speeds[0].items() if key not in mean and not _number(value)
+    }
     return {**others, **mean, "over_seeds": "mean of the seeds' values"}
 
 
