@@ -112,15 +112,11 @@ class Drawn:
         return float(self.per_seed.mean())
 
     def pairs_with(self, other: Drawn) -> bool:
-        """Whether the two are of the same seeds and examples, so that their resamples and
-        per-seed values combine element by element (one model on each side pairs, whatever its
-        folder is called)."""
+        """Whether the two are of the same seeds and examples, so that their resamples (always
+        RESAMPLES of them) and per-seed values combine element by element (one model on each
+        side pairs, whatever its folder is called)."""
         one_each = len(self.seeds) == len(other.seeds) == 1
-        return (
-            (self.seeds == other.seeds or one_each)
-            and self.examples == other.examples
-            and self.resamples.shape == other.resamples.shape
-        )
+        return (self.seeds == other.seeds or one_each) and self.examples == other.examples
 
     def minus(self, other: Drawn) -> Drawn:
         self._check_pairs(other)
