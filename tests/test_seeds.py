@@ -178,6 +178,27 @@ def test_a_claim_holds_only_when_its_paired_interval_excludes_zero_on_the_papers
     assert claims.REVERSED in verdicts and claims.HOLDS not in verdicts
 
 
+def test_the_claims_read_each_point_once(tmp_path, monkeypatch):
+    """A point serves several claims (equal τ, each parallelism level, the loss): its samples
+    are read and resampled once per build, and the claims are those of reading it each time."""
+    run = _run_with_pair(tmp_path, setdlm_rates=(0.9, 0.85), bd3lm_rates=(0.5, 0.2))
+    results = load_results(run)
+    read, resampled = [], claims.resampled
+
+    def counted(point, metric):
+        read.append((point.folder, metric))
+        return resampled(point, metric)
+
+    monkeypatch.setattr(claims, "resampled", counted)
+    found = claims.build_claims(results)
+    assert len(found) == 5 and len(read) == len(set(read)) == 4  # 2 models x 2 τ, one metric
+
+    # every comparison asks its own draw: each call re-reads, and nothing changes
+    monkeypatch.setattr(claims, "_drawn_once", lambda: counted)
+    read.clear()
+    assert claims.build_claims(results) == found and len(read) > len(set(read))
+
+
 def test_equal_models_give_no_evidence_either_way(tmp_path):
     run = _run_with_pair(tmp_path, setdlm_rates=(0.6, 0.6), bd3lm_rates=(0.6, 0.6))
     equal_tau = [c for c in claims.build_claims(load_results(run)) if "equal τ" in c.claim]

@@ -38,6 +38,7 @@ decoding policy:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,6 +161,24 @@ def resampled(point: ResultPoint, metric: str) -> Drawn | None:
     return Drawn(two_level_resamples(values), per_seed, names, len(values[0]))
 
 
+Draw = Callable[[ResultPoint, str], Drawn | None]
+
+
+def _drawn_once() -> Draw:
+    """``resampled``, each (point, metric) read and resampled once: the claims reuse a point in
+    several comparisons (equal τ, each parallelism level, the loss), and each read parses its
+    seeds' samples.jsonl and draws RESAMPLES two-level resamples."""
+    memo: dict[tuple[Path, str], Drawn | None] = {}
+
+    def draw(point: ResultPoint, metric: str) -> Drawn | None:
+        key = (point.folder, metric)
+        if key not in memo:
+            memo[key] = resampled(point, metric)
+        return memo[key]
+
+    return draw
+
+
 def _claim(claim: str, comparison: str, difference: Drawn) -> Claim:
     low, high = interval(difference.resamples)
     seed_level = mean_t_interval(difference.per_seed)
@@ -201,13 +220,14 @@ def _tag(model: str) -> str:
 
 
 def build_claims(results: Results) -> list[Claim]:
+    draw = _drawn_once()
     claims = []
     for claim_set in CLAIM_SETS:
         for setdlm, bd3lm in pairs(results, claim_set.task):
             name = f"{setdlm[0].model} vs {bd3lm[0].model}"
-            claims += _equal_tau(setdlm, bd3lm, name, claim_set)
-            claims += _equal_parallelism(setdlm, bd3lm, name, claim_set)
-            claims += _loss_to_parallelism(setdlm, bd3lm, name, claim_set)
+            claims += _equal_tau(setdlm, bd3lm, name, claim_set, draw)
+            claims += _equal_parallelism(setdlm, bd3lm, name, claim_set, draw)
+            claims += _loss_to_parallelism(setdlm, bd3lm, name, claim_set, draw)
     for setdlm, bd3lm in pairs(results, INFILL):
         ours = _by_tau(setdlm).get(1e6)
         theirs = _by_tau(bd3lm).get(1e6)
@@ -218,6 +238,7 @@ def build_claims(results: Results) -> list[Claim]:
                 ours,
                 theirs,
                 "step_correct",
+                draw,
             )
     return claims
 
@@ -226,14 +247,14 @@ def _by_tau(points: list[ResultPoint]) -> dict[float, ResultPoint]:
     return {point.tau: point for point in points if point.tau is not None}
 
 
-def _difference(claim: str, comparison: str, ours, theirs, metric="strict_match") -> list[Claim]:
-    a, b = resampled(ours, metric), resampled(theirs, metric)
+def _difference(claim: str, comparison: str, ours, theirs, metric: str, draw: Draw) -> list[Claim]:
+    a, b = draw(ours, metric), draw(theirs, metric)
     if a is None or b is None or not a.pairs_with(b):
         return []
     return [_claim(claim, comparison, a.minus(b))]
 
 
-def _equal_tau(setdlm, bd3lm, name: str, claim_set: ClaimSet) -> list[Claim]:
+def _equal_tau(setdlm, bd3lm, name: str, claim_set: ClaimSet, draw: Draw) -> list[Claim]:
     ours, theirs = _by_tau(setdlm), _by_tau(bd3lm)
     claims = []
     for tau in sorted(set(ours) & set(theirs), reverse=True):
@@ -243,17 +264,18 @@ def _equal_tau(setdlm, bd3lm, name: str, claim_set: ClaimSet) -> list[Claim]:
             ours[tau],
             theirs[tau],
             claim_set.metric,
+            draw,
         )
     return claims
 
 
-def _curve(points: list[ResultPoint], metric: str) -> list[tuple[float, Drawn]] | None:
+def _curve(points: list[ResultPoint], metric: str, draw: Draw) -> list[tuple[float, Drawn]] | None:
     """[(parallelism, drawn)] of a model's points, by parallelism; None when a point has no
     per-example scores."""
     rows = []
     for point in points:
         parallelism = point.speed("parallelism_mean")
-        drawn = resampled(point, metric)
+        drawn = draw(point, metric)
         if parallelism is None or drawn is None:
             return None
         rows.append((parallelism, drawn))
@@ -271,8 +293,8 @@ def _at(rows: list[tuple[float, Drawn]], level: float) -> Drawn | None:
     return None
 
 
-def _equal_parallelism(setdlm, bd3lm, name: str, claim_set: ClaimSet) -> list[Claim]:
-    ours, theirs = _curve(setdlm, claim_set.metric), _curve(bd3lm, claim_set.metric)
+def _equal_parallelism(setdlm, bd3lm, name: str, claim_set: ClaimSet, draw: Draw) -> list[Claim]:
+    ours, theirs = _curve(setdlm, claim_set.metric, draw), _curve(bd3lm, claim_set.metric, draw)
     if not ours or not theirs:
         return []
     claims = []
@@ -290,15 +312,15 @@ def _equal_parallelism(setdlm, bd3lm, name: str, claim_set: ClaimSet) -> list[Cl
     return claims
 
 
-def _loss_to_parallelism(setdlm, bd3lm, name: str, claim_set: ClaimSet) -> list[Claim]:
+def _loss_to_parallelism(setdlm, bd3lm, name: str, claim_set: ClaimSet, draw: Draw) -> list[Claim]:
     def loss(points) -> Drawn | None:
         """The quality lost from τ = 1e6 to LOSS_LEVEL tokens per step, the curve
         interpolated there."""
         start = _by_tau(points).get(1e6)
-        curve = _curve(points, claim_set.metric)
+        curve = _curve(points, claim_set.metric, draw)
         if start is None or not curve:
             return None
-        at_start, at_level = resampled(start, claim_set.metric), _at(curve, LOSS_LEVEL)
+        at_start, at_level = draw(start, claim_set.metric), _at(curve, LOSS_LEVEL)
         if at_start is None or at_level is None or not at_start.pairs_with(at_level):
             return None
         return at_start.minus(at_level)
