@@ -48,7 +48,12 @@ def _write_seed(
         "task": task_info(point.parent.parent.name).field,
         "examples": len(solved),
         "quality": {
-            name: {"value": value, "bootstrap_95": [value - 0.05, value + 0.05], "definition": "x"}
+            # an interval of a fraction, as the readers require: inside [0, 1]
+            name: {
+                "value": value,
+                "bootstrap_95": [max(0.0, value - 0.05), min(1.0, value + 0.05)],
+                "definition": "x",
+            }
             for name in scores
         },
         "speed": {"parallelism_mean": 1.0, "nfe_mean": 20.0, **speed},

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from setdlm.eval.records import SampleLog
+from setdlm.results.validate import check_metrics, code_versions
 from setdlm.util.errors import UserError
 from setdlm.util.files import atomic_write_json
 
@@ -112,9 +113,13 @@ def aggregate(point: str | Path) -> dict:
     for folder in folders:
         path = folder / "metrics.json"
         try:
-            runs.append(json.loads(path.read_text()))
+            run = json.loads(path.read_text())
         except (OSError, ValueError) as error:
             raise SeedError(f"{path}: cannot read it ({error})") from None
+        if not isinstance(run, dict):
+            raise SeedError(f"{path}: expected a JSON object, got {type(run).__name__}")
+        check_metrics(path, run, SeedError)  # what the readers would refuse, refused here
+        runs.append(run)
     _check_same_point(point, folders, runs)
     first = runs[0]
     seeds = [_seed_of(folder) for folder in folders]
@@ -130,11 +135,15 @@ def aggregate(point: str | Path) -> dict:
         "speed": speed,
         "config": first["config"],  # seed 0's: its model_source names that seed's model
         "config_hash": _joint_hash([run["config_hash"] for run in runs]),
+        # the code behind every seed (a table says when its rows mix versions)
+        "code_versions": sorted({v for run in runs for v in code_versions(run)}),
         "seeds": [
             {
                 "seed": seed,
                 "folder": folder.name,
                 "config_hash": run["config_hash"],
+                # what the readers compare with the seed's result as it is then
+                "code_versions": code_versions(run),
                 "quality": {n: (run["quality"][n] or {}).get("value") for n in names},
                 "speed": {k: v for k, v in (run.get("speed") or {}).items() if _number(v)},
             }

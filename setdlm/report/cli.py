@@ -27,13 +27,21 @@ def main(argv: list[str] | None = None) -> int:
     tables.add_argument("run_dir", type=Path, help="results/runs/<config name>")
     tables.add_argument("--out", type=output_path, help="default: results/tables/<run name>")
     tables.add_argument(
-        "--only", nargs="+", choices=TABLES, default=TABLES, help="these tables only"
+        "--only",
+        nargs="+",
+        choices=TABLES,
+        default=None,
+        help="these tables only (default: those the run has results for)",
     )
     figures = commands.add_parser("figures", help="speed-quality Pareto figures (PNG and PDF)")
     figures.add_argument("run_dir", type=Path, help="results/runs/<config name>")
     figures.add_argument("--out", type=output_path, help="default: results/figures/<run name>")
     figures.add_argument(
-        "--only", nargs="+", choices=FIGURE_TASKS, default=FIGURE_TASKS, help="these tasks only"
+        "--only",
+        nargs="+",
+        choices=FIGURE_TASKS,
+        default=None,
+        help="these tasks only (default: those the run has results for)",
     )
     for command in (tables, figures):
         command.add_argument(
@@ -62,6 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     # One folder per run, as the workflow keeps them: the tiny and paper runs never overwrite
     # each other's committed outputs.
     out = args.out or Path("results") / args.what / results.name
+    if args.only is None:  # not a table or figure of published numbers alone over a user's file
+        which = TABLES if args.what == "tables" else FIGURE_TASKS
+        args.only = [name for name in which if _has_results(args.what, name, results)]
+        if not args.only and args.allow_empty:
+            args.only = list(which)
     if not results.points and not args.allow_empty:
         # Empty tables would replace the ones already there (committed ones included).
         pending = ""
@@ -74,14 +87,18 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    # Only this command's own files are replaced (setdlm/util/owned_files.py); a folder of the
+    # default place that predates the manifest holds this run's own earlier outputs.
+    owner = f"run {results.name}"
+    adopt = args.out is None
     if args.what == "tables":
         from setdlm.report.tables import write_tables
 
-        written = write_tables(results, out, args.only)
+        written = write_tables(results, out, args.only, owner=owner, adopt=adopt)
     else:
         from setdlm.report.figures import write_figures
 
-        written = write_figures(results, out, args.only)
+        written = write_figures(results, out, args.only, owner=owner, adopt=adopt)
     for path in written:
         print(path)
     if results.unfinished:
@@ -91,6 +108,14 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _has_results(what: str, name: str, results) -> bool:
+    """Whether the run has finished points for a table (its tasks) or a figure (its task)."""
+    from setdlm.tasks import table_tasks
+
+    tasks = table_tasks(name) if what == "tables" else (name,)
+    return any(results.for_task(task) for task in tasks)
 
 
 def check_main(argv: list[str] | None = None) -> int:

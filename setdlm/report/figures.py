@@ -37,6 +37,7 @@ from setdlm.report import paper_numbers
 from setdlm.report.table import format_tau, hardware_summary
 from setdlm.results.reader import ResultPoint, Results
 from setdlm.tasks import TASKS, FigureQuality
+from setdlm.util import owned_files
 from setdlm.util.files import atomic_write_bytes
 
 
@@ -280,8 +281,19 @@ def _footer(points: list[ResultPoint], task: str) -> str:
     return text
 
 
-def write_figures(results: Results, out_dir: str | Path, tasks=tuple(FIGURES)) -> list[Path]:
+def write_figures(
+    results: Results,
+    out_dir: str | Path,
+    tasks=tuple(FIGURES),
+    owner: str = "",
+    adopt: bool = False,
+) -> list[Path]:
+    """Each task's figure as PNG and PDF into ``out_dir``; ``owner`` and ``adopt`` as for
+    ``write_tables``: only this command's own files there are replaced."""
     out_dir = Path(out_dir)
+    if owner:
+        names = [f"{task}_pareto.{suffix}" for task in tasks for suffix in ("png", "pdf")]
+        owned_files.claim(out_dir, names, owner, adopt=adopt)
     written = []
     # matplotlib's defaults, whatever the user's matplotlibrc says: same results, same bytes.
     with matplotlib.style.context("default"):
@@ -296,4 +308,6 @@ def write_figures(results: Results, out_dir: str | Path, tasks=tuple(FIGURES)) -
                 path = out_dir / f"{task}_pareto.{suffix}"
                 atomic_write_bytes(path, buffer.getvalue())
                 written.append(path)
+    if owner:
+        owned_files.record(out_dir, written, owner)
     return written

@@ -33,6 +33,7 @@ from setdlm.report.table import (
 )
 from setdlm.results.reader import ResultPoint, Results, speed_protocol_of
 from setdlm.tasks import PAPER_TABLES, TASKS, Quality, paper_table, table_columns, table_tasks
+from setdlm.util import owned_files
 from setdlm.util.files import atomic_write_text
 
 
@@ -159,7 +160,30 @@ def build_tables(results: Results, names=TABLES) -> list[Table]:
             from setdlm.report.claims import claims_table
 
             tables.append(claims_table(results))
+        mixed = code_versions_note(points)
+        for built in tables[tables.index(table) :] if mixed else ():
+            built.notes.append(mixed)
     return tables
+
+
+def code_versions_note(points: list[ResultPoint]) -> str | None:
+    """Where a table's rows were computed by more than one version of the code: which
+    versions, and the rows of each (None: one version, or none recorded)."""
+    by_version: dict[str, list[str]] = {}
+    for point in points:
+        for version in point.code_versions:
+            by_version.setdefault(version, []).append(point.key)
+    if len(by_version) < 2:
+        return None
+    parts = []
+    for version, keys in sorted(by_version.items(), key=lambda item: -len(item[1])):
+        shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+        parts.append(f"{version} ({len(keys)} point{'s' if len(keys) != 1 else ''}: {shown})")
+    return (
+        f"Code versions: these rows mix {len(by_version)} versions of the code (a point over "
+        f"seeds counts each seed's): {'; '.join(parts)}. Rerun the points of the older versions "
+        "to compare like with like."
+    )
 
 
 def _points_of(spec: TableSpec, results: Results) -> list[ResultPoint]:
@@ -258,19 +282,27 @@ def interval_note(points: list[ResultPoint]) -> str:
     return "Intervals: " + "; ".join(parts) + "."
 
 
-def write_tables(results: Results, out_dir: str | Path, names=TABLES) -> list[Path]:
+def write_tables(
+    results: Results, out_dir: str | Path, names=TABLES, owner: str = "", adopt: bool = False
+) -> list[Path]:
+    """Each table in three formats into ``out_dir``. With ``owner`` (the run the tables are
+    written for), only files this command wrote there for that run are replaced, and the
+    folder's manifest records the new ones (setdlm/util/owned_files.py)."""
     out_dir = Path(out_dir)
     source = results.name  # not the absolute path: the same results, the same bytes
-    written = []
+    texts = {}
     for table in build_tables(results, names):
-        for suffix, text in (
-            ("md", to_markdown(table, source)),
-            ("csv", to_csv(table)),
-            ("tex", to_latex(table, source)),
-        ):
-            path = out_dir / f"{table.key}.{suffix}"
-            atomic_write_text(path, text)
-            written.append(path)
+        texts[f"{table.key}.md"] = to_markdown(table, source)
+        texts[f"{table.key}.csv"] = to_csv(table)
+        texts[f"{table.key}.tex"] = to_latex(table, source)
+    if owner:
+        owned_files.claim(out_dir, texts, owner, adopt=adopt)
+    written = []
+    for name, text in texts.items():
+        atomic_write_text(out_dir / name, text)
+        written.append(out_dir / name)
+    if owner:
+        owned_files.record(out_dir, written, owner)
     return written
 
 

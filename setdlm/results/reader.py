@@ -30,13 +30,13 @@ from setdlm.results.layout import (
     RUNS_FOLDER,
     TRAINED_MARKER,
 )
+from setdlm.results.validate import MetricsError, check_aggregate, check_metrics, code_versions
 from setdlm.tasks import LIKELIHOOD_PREFIX, TASK_NAMES, TASKS
-from setdlm.util.errors import UserError
 
 RESULTS_DIR_ENV = "SETDLM_RESULTS_DIR"
 
 
-class ResultError(UserError, ValueError):
+class ResultError(MetricsError):
     """A result file that cannot be read, or a folder that contradicts its metrics.json."""
 
 
@@ -64,6 +64,8 @@ class ResultPoint:
     checkpoint: dict | None = field(default=None, repr=False, compare=False)
     # one training seed's result inside a point that aggregates seeds (<point>/seed-<k>/)
     seed: int | None = None
+    # the code that computed it: its samples' code versions (an aggregate's: its seeds')
+    code_versions: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -169,8 +171,12 @@ def read_point(folder: Path, checked: bool = True) -> ResultPoint:
             f"{folder / 'metrics.json'}: not an evaluation's metrics (expected a 'quality' "
             "object, as `setdlm eval` writes)"
         )
-    _refuse_nan_quality(folder / "metrics.json", metrics["quality"])
+    check_metrics(folder / "metrics.json", metrics, ResultError)  # setdlm/results/validate.py
     seed = seed_of(folder)
+    versions = code_versions(metrics)
+    if metrics.get("seeds") and seed is None:  # an aggregate: only as good as its seeds
+        read = lambda path: read_json(path, "a seed's result")  # noqa: E731
+        versions = check_aggregate(folder, metrics, read, ResultError)
     if checked:  # <run>/<task>/<model>/<point>
         config_name, task, model, point = folder.parts[-4:]
     elif seed is not None:  # <run>/<task>/<model>/<point>/seed-<k>: one seed of a point
@@ -214,6 +220,7 @@ def read_point(folder: Path, checked: bool = True) -> ResultPoint:
         throughput,
         checkpoint_marker(source, models),
         seed,
+        tuple(versions),
     )
 
 
@@ -223,24 +230,6 @@ def seed_of(folder: Path) -> int | None:
     if name.startswith("seed-") and name[5:].isdigit():
         return int(name[5:])
     return None
-
-
-def _refuse_nan_quality(path: Path, quality: dict) -> None:
-    """A NaN quality value is an evaluation that failed (NaN logits, no token left to score):
-    a table would print it as a number and MLflow would chart it, so reading stops at the
-    first one, naming its key."""
-    for name, entry in quality.items():
-        if isinstance(entry, dict):
-            values = [(f"{name}.value", entry.get("value"))]
-            values += [(f"{name}.bootstrap_95", bound) for bound in entry.get("bootstrap_95") or []]
-        else:
-            values = [(name, entry)]
-        for key, value in values:
-            if isinstance(value, float) and math.isnan(value):
-                raise ResultError(
-                    f"{path}: quality.{key} is NaN; expected a number (the evaluation failed "
-                    "to measure it: fix the cause, then remove the folder to rerun it)"
-                )
 
 
 def incomplete_samples(metrics_path: Path, metrics: dict) -> str | None:

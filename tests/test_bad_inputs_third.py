@@ -1,0 +1,340 @@
+"""The third sweep of bad inputs (issue 50): what the suite READS must be refused as clearly as
+the options it is given. Each case ends in a short message naming the file, key or option, what
+was found and what was expected; exit status 2; no traceback; nothing the command did not make
+is changed, and nothing computed is lost.
+
+The classes of the issue (docs/bad-inputs.md lists them with their rules):
+
+0. the trap that costs hours: a missing, misspelled or file-valued ``reference_models``;
+1. outputs written over what the command did not make: ``report --out`` into a user's folder,
+   another run's tables;
+2. tracebacks on corrupt committed inputs: reference models and their checkpoint.json,
+   baselines of the wrong shape, tampered data files, a configuration's results folder that is
+   a file, a full disk;
+3. silently accepted: stale aggregates over seeds, impossible metrics, a data file that no
+   longer matches SHA256SUMS, configuration mistakes past the schema, a server that cannot
+   serve what `setdlm ui` announced;
+4. unclear: "File exists" for an ``--out`` that is a file, impossible baseline tolerances.
+
+The results are made by the real commands from the committed reference models (a few
+problems each, seconds), in this process through ``setdlm``'s entry point, except what needs a
+process of its own (Snakemake, the MLflow server).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+from test_bad_inputs import Bad, _fingerprint  # the first sweep's case record and file hashes
+
+from setdlm.cli import main as setdlm
+
+REPO = Path(__file__).resolve().parents[1]
+REFERENCE = REPO / "results" / "reference" / "models"
+SOLVE = "arithmetic-solve/ar-arith/tau-1e+06"  # a point over two training seeds
+INFILL = "arithmetic-infill/ar-arith/tau-1e+06"  # a point of one model
+
+
+def _eval(out: Path, seed: int, variant: str = "solve") -> None:
+    argv = ["eval", "arithmetic", "--model", str(REFERENCE / "ar-arith" / f"seed-{seed}")]
+    argv += ["--out", str(out), "--limit", "4", "--warmup", "0", "--generator", "arithmetic-4"]
+    argv += ["--threshold", "1e6", "--max-new-tokens", "26", "--variant", variant]
+    assert setdlm(argv) == 0
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    """A finished run (a point over two seeds and a point of one model) with its tables, and
+    copies of it broken one way each; folders of someone else's."""
+    work = tmp_path_factory.mktemp("bad-inputs-third")
+    run = work / "results" / "runs" / "done"
+    for seed in (0, 1):
+        _eval(run / SOLVE / f"seed-{seed}", seed)
+    assert setdlm(["aggregate", str(run / SOLVE)]) == 0
+    _eval(run / INFILL, 0, "infill")
+    assert setdlm(["report", "tables", str(run), "--out", str(work / "tables" / "done")]) == 0
+    _broken_results(work)
+    _foreign_folders(work / "foreign")
+    return work
+
+
+def _edit_json(path: Path, edit) -> None:
+    value = json.loads(path.read_text())
+    edit(value)
+    path.write_text(json.dumps(value))
+
+
+def _broken_results(work: Path) -> None:
+    runs = work / "results" / "runs"
+    shutil.copytree(runs / "done", runs / "other")  # another run, sound
+
+    def broken(name: str, point: str, edit) -> None:
+        shutil.copytree(runs / "done", runs / name)
+        edit(runs / name / point)
+
+    def metrics(edit):
+        return lambda point: _edit_json(point / "metrics.json", edit)
+
+    def quality(key: str, value):
+        return metrics(lambda m: m["quality"]["result_exact"].update({key: value}))
+
+    # 3. stale aggregates: a seed deleted, edited, emptied, recomputed by other code, added
+    broken("seed-deleted", SOLVE, lambda point: shutil.rmtree(point / "seed-1"))
+    broken(
+        "seed-edited",
+        SOLVE + "/seed-1",
+        metrics(lambda m: m["quality"]["strict_match"].update(value=0.25)),
+    )
+    broken("seed-emptied", SOLVE, lambda point: (point / "seed-1" / "metrics.json").write_text(""))
+    broken(
+        "seed-other-code",
+        SOLVE + "/seed-1",
+        metrics(lambda m: m.update(code_versions=["0123456789abcdef"])),
+    )
+    broken("seed-added", SOLVE, lambda point: shutil.copytree(point / "seed-1", point / "seed-2"))
+    broken(
+        "seed-out-of-range",
+        SOLVE + "/seed-0",
+        metrics(lambda m: m["quality"]["strict_match"].update(value=1.7)),
+    )
+    # 3. impossible values in a point's own metrics.json
+    broken("fraction-1.7", INFILL, quality("value", 1.7))
+    broken("fraction-negative", INFILL, quality("value", -0.1))
+    broken("value-null", INFILL, quality("value", None))
+    broken("value-text", INFILL, quality("value", "0.9"))
+    broken("interval-inverted", INFILL, quality("bootstrap_95", [0.9, 0.1]))
+    broken("interval-one-bound", INFILL, quality("bootstrap_95", [0.1]))
+    broken("examples-negative", INFILL, metrics(lambda m: m.update(examples=-4)))
+    broken("speed-missing", INFILL, metrics(lambda m: m.pop("speed")))
+    broken("speed-negative", INFILL, metrics(lambda m: m["speed"].update(nfe_mean=-3)))
+    broken("aggregate-seeds-broken", SOLVE, metrics(lambda m: m.update(seeds={"0": 1})))
+    broken("quality-a-list", INFILL, metrics(lambda m: m.update(quality=[1, 2])))
+
+
+def _foreign_folders(root: Path) -> None:
+    """Folders of someone else's: a user's own tables, a file where a folder is expected."""
+    (root / "mine").mkdir(parents=True)
+    (root / "mine" / "arithmetic_pareto.md").write_text("# my own notes on the arithmetic runs\n")
+    (root / "mine" / "gsm8k_pareto.md").write_text("# my GSM8K table, from the paper's code\n")
+    (root / "mine" / "arithmetic-solve_pareto.png").write_bytes(b"\x89PNG my own figure")
+    (root / "a-file.txt").write_text("not a folder\n")
+
+
+RUN = "{results}/runs/"
+TABLES = "report tables " + RUN
+CHECK = "check --baseline {scratch}/b.json --write " + RUN
+STALE = "stale aggregate over seeds"
+
+CASES = [
+    # ------------------------------------- 1. outputs written over what the command did not make
+    Bad(
+        "tables-over-a-users-file",
+        TABLES + "done --out {foreign}/mine",
+        ("mine/arithmetic_pareto.md", "not written by this command", "--out"),
+    ),
+    Bad(
+        "tables-over-another-runs-tables",
+        TABLES + "other --out {tables}/done",
+        ("done/arithmetic_pareto.md", "written for run done, not for run other"),
+    ),
+    Bad(
+        "figures-over-a-users-file",
+        "report figures " + RUN + "done --out {foreign}/mine --only arithmetic-solve",
+        ("mine/arithmetic-solve_pareto.png", "not written by this command"),
+    ),
+    # ----------------------------------------------------------------- 3. stale aggregates
+    Bad(
+        "tables-seed-deleted",
+        TABLES + "seed-deleted --out {scratch}/t",
+        ("seed-deleted/" + SOLVE + "/metrics.json", "seed-1/metrics.json is missing", "aggregate"),
+    ),
+    Bad(
+        "check-seed-deleted",
+        CHECK + "seed-deleted",
+        ("seed-1/metrics.json is missing", "setdlm aggregate"),
+    ),
+    Bad(
+        "tables-seed-edited",
+        TABLES + "seed-edited --out {scratch}/t",
+        (STALE, "seed-1/metrics.json has quality.strict_match 0.25", "recorded"),
+    ),
+    Bad(
+        "figures-seed-edited",
+        "report figures " + RUN + "seed-edited --out {scratch}/f",
+        (STALE, "quality.strict_match 0.25"),
+    ),
+    Bad(
+        "sync-seed-edited",
+        "sync " + RUN + "seed-edited --tracking-uri sqlite:///{scratch}/m.db",
+        (STALE, "quality.strict_match 0.25"),
+    ),
+    Bad(
+        "tables-seed-emptied",
+        TABLES + "seed-emptied --out {scratch}/t",
+        ("seed-emptied/" + SOLVE + "/seed-1/metrics.json", "not valid JSON"),
+    ),
+    Bad(
+        "tables-seed-from-other-code",
+        TABLES + "seed-other-code --out {scratch}/t",
+        (STALE, "computed by code 0123456789abcdef"),
+    ),
+    Bad(
+        "tables-seed-added",
+        TABLES + "seed-added --out {scratch}/t",
+        (STALE, "seed-2 holds a result the aggregate leaves out"),
+    ),
+    Bad(
+        "aggregate-seed-out-of-range",
+        "aggregate " + RUN + "seed-out-of-range/" + SOLVE,
+        ("seed-0/metrics.json", "quality.strict_match.value is 1.7", "[0, 1]"),
+    ),
+    # ------------------------------------------------------------- 3. impossible values
+    Bad(
+        "tables-fraction-1.7",
+        TABLES + "fraction-1.7 --out {scratch}/t",
+        ("fraction-1.7/" + INFILL + "/metrics.json", "quality.result_exact.value is 1.7", "[0, 1]"),
+    ),
+    Bad(
+        "check-fraction-negative",
+        CHECK + "fraction-negative",
+        ("quality.result_exact.value is -0.1", "[0, 1]"),
+    ),
+    Bad(
+        "tables-value-null",
+        TABLES + "value-null --out {scratch}/t",
+        ("quality.result_exact.value is null", "expected a number"),
+    ),
+    Bad(
+        "figures-value-text",
+        "report figures " + RUN + "value-text --out {scratch}/f",
+        ("quality.result_exact.value is '0.9'", "expected a number"),
+    ),
+    Bad(
+        "tables-interval-inverted",
+        TABLES + "interval-inverted --out {scratch}/t",
+        ("quality.result_exact.bootstrap_95 is [0.9, 0.1]", "lower bound exceeds"),
+    ),
+    Bad(
+        "sync-interval-one-bound",
+        "sync " + RUN + "interval-one-bound --tracking-uri sqlite:///{scratch}/m.db",
+        ("quality.result_exact.bootstrap_95 is [0.1]", "[low, high]"),
+    ),
+    Bad(
+        "tables-examples-negative",
+        TABLES + "examples-negative --out {scratch}/t",
+        ("examples is -4", ">= 0"),
+    ),
+    Bad(
+        "tables-speed-missing",
+        TABLES + "speed-missing --out {scratch}/t",
+        ("speed is missing", "decoding run"),
+    ),
+    Bad(
+        "check-speed-negative",
+        CHECK + "speed-negative",
+        ("speed.nfe_mean is -3", ">= 0"),
+    ),
+    Bad(
+        "tables-aggregate-seeds-broken",
+        TABLES + "aggregate-seeds-broken --out {scratch}/t",
+        ("seeds is {{'0': 1}}", "list of the aggregated seeds"),
+    ),
+    Bad(
+        "tables-quality-a-list",
+        TABLES + "quality-a-list --out {scratch}/t",
+        ("quality-a-list/" + INFILL + "/metrics.json", "expected a 'quality' object"),
+    ),
+    # ---------------------------------------------------------------------------- 4. unclear
+    Bad(
+        "tables-out-a-file",
+        TABLES + "done --out {foreign}/a-file.txt",
+        ("--out", "a-file.txt", "is a file; expected a folder"),
+    ),
+]
+
+
+def _paths(work: Path, scratch: Path) -> dict[str, str]:
+    names = ("results", "tables", "foreign")
+    return {name: str(work / name) for name in names} | {"scratch": str(scratch)}
+
+
+def test_the_sweep_holds_distinct_cases():
+    assert len({case.id for case in CASES}) == len(CASES)
+    assert len({case.argv for case in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
+def test_a_bad_input_is_refused_in_a_line_and_changes_nothing(
+    case, work, tmp_path, monkeypatch, capsys
+):
+    paths = _paths(work, tmp_path)
+    monkeypatch.chdir(tmp_path)  # what a command would write into the working directory
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    for name, value in case.env.items():
+        monkeypatch.setenv(name, value.format(**paths))
+    before = _fingerprint(work)
+    try:
+        code = setdlm(shlex.split(case.argv.format(**paths)))
+    except SystemExit as stop:  # argparse's exit for a bad option
+        code = stop.code
+    captured = capsys.readouterr()
+    message = captured.err + captured.out
+    assert code == 2, f"exit status {code}: {message[-2000:]}"
+    assert "Traceback" not in message, message[-3000:]
+    for fragment in case.says:
+        assert fragment.format(**paths) in message, f"{fragment!r} not in: {message[-2000:]}"
+    assert len(message.strip().splitlines()) <= 4, f"not a short message: {message[-3000:]}"
+    assert _fingerprint(work) == before, "a file the command did not make changed"
+    written = [str(path) for path in tmp_path.rglob("*") if path.is_file()]
+    assert not written, f"a refused command wrote {written}"
+
+
+# ------------------------------------------------------------ 1. what `report --out` may replace
+def test_tables_rewrite_their_own_files_and_leave_the_rest(work, tmp_path):
+    """The same run's tables are replaced (the manifest says whose they are); a user's file
+    of another name beside them is left, and a run's tables are only those it has results
+    for: no empty GSM8K table of published numbers over a user's own."""
+    out = tmp_path / "tables"
+    out.mkdir()
+    (out / "gsm8k_pareto.md").write_text("# mine\n")
+    (out / "notes.txt").write_text("mine too\n")
+    run = work / "results" / "runs" / "done"
+    assert setdlm(["report", "tables", str(run), "--out", str(out)]) == 0
+    first = _fingerprint(out)
+    assert setdlm(["report", "tables", str(run), "--out", str(out)]) == 0  # a rerun: its own
+    assert _fingerprint(out) == first
+    assert (out / "gsm8k_pareto.md").read_text() == "# mine\n"
+    assert (out / "notes.txt").read_text() == "mine too\n"
+    assert not (out / "cnndm.md").exists()  # no CNN/DM results, no CNN/DM table
+    assert (out / "arithmetic_pareto.md").is_file()
+
+
+# --------------------------------------------------------------- 3. tables say what code they mix
+def test_tables_name_the_code_versions_their_rows_mix(work, tmp_path):
+    run = tmp_path / "runs" / "mixed"
+    shutil.copytree(work / "results" / "runs" / "done", run)
+    _edit_json(run / INFILL / "metrics.json", lambda m: m.update(code_versions=["feedface"]))
+    assert setdlm(["report", "tables", str(run), "--out", str(tmp_path / "t")]) == 0
+    markdown = (tmp_path / "t" / "arithmetic_pareto.md").read_text()
+    assert "mix 2 versions of the code" in markdown and "feedface (1 point" in markdown
+    clean = tmp_path / "t-clean"
+    assert setdlm(["report", "tables", str(work / "results/runs/done"), "--out", str(clean)]) == 0
+    assert "versions of the code" not in (clean / "arithmetic_pareto.md").read_text()
+
+
+def test_an_aggregate_rebuilt_after_a_change_is_read_again(work, tmp_path):
+    """The refusal's advice works: `setdlm aggregate` over the changed seeds, then the
+    tables."""
+    run = tmp_path / "runs" / "seed-edited"
+    shutil.copytree(work / "results" / "runs" / "seed-edited", run)
+    assert setdlm(["report", "tables", str(run), "--out", str(tmp_path / "t")]) == 2
+    assert setdlm(["aggregate", str(run / SOLVE)]) == 0
+    assert setdlm(["report", "tables", str(run), "--out", str(tmp_path / "t")]) == 0
+    aggregate = json.loads((run / SOLVE / "metrics.json").read_text())
+    assert [s["code_versions"] for s in aggregate["seeds"]] == [
+        aggregate["code_versions"]
+    ] * 2  # each seed's code, recorded for the next comparison
