@@ -59,6 +59,7 @@ def work(tmp_path_factory) -> Path:
     assert setdlm(["report", "tables", str(run), "--out", str(work / "tables" / "done")]) == 0
     _broken_results(work)
     _foreign_folders(work / "foreign")
+    _broken_baselines(work / "baselines")
     return work
 
 
@@ -115,6 +116,66 @@ def _broken_results(work: Path) -> None:
     broken("quality-a-list", INFILL, metrics(lambda m: m.update(quality=[1, 2])))
 
 
+COMMITTED = REPO / "results" / "baselines"
+
+
+def _broken_baselines(root: Path) -> None:
+    """The committed baselines, each edited one way: wrong types, missing keys, impossible
+    tolerances."""
+    root.mkdir()
+
+    def broken(name: str, source: str, edit) -> None:
+        value = json.loads((COMMITTED / f"{source}.json").read_text())
+        edit(value)
+        (root / f"{name}.json").write_text(json.dumps(value))
+
+    def first(points: dict) -> dict:
+        return points[sorted(points)[0]]
+
+    broken("decoding-accuracy-minus-50", "decoding", lambda b: b["tolerances"].update(accuracy=-50))
+    broken(
+        "decoding-agreement-150", "decoding", lambda b: b["tolerances"].update(min_agreement=1.5)
+    )
+    broken(
+        "decoding-no-counted-speed",
+        "decoding",
+        lambda b: [point.pop("counted") for point in b["points"].values()],
+    )
+    broken("decoding-scores-a-list", "decoding", lambda b: first(b["points"]).update(scores=[1, 0]))
+    broken(
+        "decoding-accuracy-text", "decoding", lambda b: first(b["points"]).update(accuracy="0.9")
+    )
+    broken(
+        "decoding-score-missing",
+        "decoding",
+        lambda b: first(b["points"])["scores"].pop(sorted(first(b["points"])["scores"])[0]),
+    )
+    broken(
+        "training-tolerance-text",
+        "training",
+        lambda b: b["models"]["ar-arith"]["accuracy"].update(tolerance="0.05"),
+    )
+    broken(
+        "training-tolerance-negative",
+        "training",
+        lambda b: b["models"]["ar-arith"]["accuracy"].update(tolerance=-0.5),
+    )
+    broken(
+        "training-mean-missing",
+        "training",
+        lambda b: b["models"]["ar-arith"]["accuracy"].pop("mean"),
+    )
+    broken("training-models-a-list", "training", lambda b: b.update(models=[1]))
+    broken("speed-factor-zero", "engine_speed", lambda b: b.update(factor=0))
+    broken(
+        "speed-ratio-text",
+        "engine_speed",
+        lambda b: b["host_per_forward"].update({"ar/1e+06": "fast"}),
+    )
+    broken("check-metrics-a-list", "tiny", lambda b: first(b["points"]).update(metrics=[1]))
+    broken("check-points-a-list", "tiny", lambda b: b.update(points=[1]))
+
+
 def _foreign_folders(root: Path) -> None:
     """Folders of someone else's: a user's own tables, a file where a folder is expected."""
     (root / "mine").mkdir(parents=True)
@@ -128,6 +189,12 @@ RUN = "{results}/runs/"
 TABLES = "report tables " + RUN
 CHECK = "check --baseline {scratch}/b.json --write " + RUN
 STALE = "stale aggregate over seeds"
+# refused before any decoding: the committed configuration and reference models
+DECODING = (
+    f"check-decoding --config {REPO}/workflows/config/tiny.yaml --models {REFERENCE} "
+    "--limit 1 --baseline {baselines}/"
+)
+TRAINING = f"check-training {REFERENCE} --baseline {{baselines}}/"
 
 CASES = [
     # ------------------------------------- 1. outputs written over what the command did not make
@@ -248,6 +315,77 @@ CASES = [
         TABLES + "quality-a-list --out {scratch}/t",
         ("quality-a-list/" + INFILL + "/metrics.json", "expected a 'quality' object"),
     ),
+    # ------------------------------------------- 2 and 4. baselines of the wrong shape
+    Bad(
+        "decoding-baseline-scores-a-list",
+        DECODING + "decoding-scores-a-list.json",
+        ("decoding-scores-a-list.json", ".scores: [1, 0] is not of type 'object'"),
+    ),
+    Bad(
+        "decoding-baseline-accuracy-text",
+        DECODING + "decoding-accuracy-text.json",
+        (".accuracy: '0.9' is not of type 'number'",),
+    ),
+    Bad(
+        "decoding-baseline-score-missing",
+        DECODING + "decoding-score-missing.json",
+        (".scores: no score for", "expected one per output"),
+    ),
+    Bad(
+        "decoding-baseline-without-counted-speed",
+        DECODING + "decoding-no-counted-speed.json",
+        ("'counted' is a required property",),
+    ),
+    Bad(
+        "decoding-baseline-accuracy-minus-50-points",
+        DECODING + "decoding-accuracy-minus-50.json",
+        ("tolerances.accuracy: -50 is less than the minimum of 0",),
+    ),
+    Bad(
+        "decoding-baseline-agreement-150-percent",
+        DECODING + "decoding-agreement-150.json",
+        ("tolerances.min_agreement: 1.5 is greater than the maximum of 1",),
+    ),
+    Bad(
+        "training-baseline-tolerance-text",
+        TRAINING + "training-tolerance-text.json",
+        ("models.ar-arith.accuracy.tolerance: '0.05' is not of type 'number'",),
+    ),
+    Bad(
+        "training-baseline-tolerance-negative",
+        TRAINING + "training-tolerance-negative.json",
+        ("models.ar-arith.accuracy.tolerance: -0.5 is less than the minimum of 0",),
+    ),
+    Bad(
+        "training-baseline-mean-missing",
+        TRAINING + "training-mean-missing.json",
+        ("models.ar-arith.accuracy: 'mean' is a required property",),
+    ),
+    Bad(
+        "training-baseline-models-a-list",
+        TRAINING + "training-models-a-list.json",
+        ("models: [1] is not of type 'object'",),
+    ),
+    Bad(
+        "speed-baseline-factor-zero",
+        "check-speed --baseline {baselines}/speed-factor-zero.json",
+        ("factor: 0 is less than the minimum of 1",),
+    ),
+    Bad(
+        "speed-baseline-ratio-text",
+        "check-speed --baseline {baselines}/speed-ratio-text.json",
+        ("host_per_forward.ar/1e+06: 'fast' is not of type 'number'",),
+    ),
+    Bad(
+        "check-baseline-metrics-a-list",
+        "check --baseline {baselines}/check-metrics-a-list.json " + RUN + "done",
+        (".metrics: [1] is not of type 'object'",),
+    ),
+    Bad(
+        "check-baseline-points-a-list",
+        "check --baseline {baselines}/check-points-a-list.json " + RUN + "done",
+        ("check-points-a-list.json", "'points' object"),
+    ),
     # ---------------------------------------------------------------------------- 4. unclear
     Bad(
         "tables-out-a-file",
@@ -258,7 +396,7 @@ CASES = [
 
 
 def _paths(work: Path, scratch: Path) -> dict[str, str]:
-    names = ("results", "tables", "foreign")
+    names = ("results", "tables", "foreign", "baselines")
     return {name: str(work / name) for name in names} | {"scratch": str(scratch)}
 
 

@@ -137,10 +137,15 @@ def load_baseline(path: str | Path) -> dict:
         raise BaselineError(f"baseline {path} does not exist (create it with --write)")
     try:
         baseline = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
+    except (OSError, ValueError) as error:  # ValueError: not JSON, or not UTF-8 text
         raise BaselineError(f"baseline {path} is not valid JSON: {error}") from None
+    if not isinstance(baseline, dict):
+        raise BaselineError(f"baseline {path}: expected format {FORMAT} with a 'points' object")
     if baseline.get("format") != FORMAT or not isinstance(baseline.get("points"), dict):
         raise BaselineError(f"baseline {path}: expected format {FORMAT} with a 'points' object")
+    from setdlm.results.baselines import CHECK, check_baseline
+
+    check_baseline(path, baseline, CHECK, BaselineError)
     for key, entry in baseline["points"].items():
         for metric, spec in entry.get("metrics", {}).items():
             _validate(path, key, metric, spec)

@@ -215,10 +215,12 @@ def write_baseline(path: Path, decoded: list[Decoded], settings: dict) -> dict:
 
 
 def load_baseline(path: Path) -> dict:
+    from setdlm.results.baselines import DECODING, check_baseline
+
     baseline = read_json(path, DecodingCheckError, "`setdlm check-decoding --write` writes one")
     if not isinstance(baseline, dict) or baseline.get("format") != FORMAT:
         raise DecodingCheckError(f"{path}: not a decoding baseline of format {FORMAT}")
-    return baseline
+    return check_baseline(path, baseline, DECODING, DecodingCheckError)
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,9 @@ def load_reference(path: Path) -> dict:
     ratios = reference.get("host_per_forward")
     if reference.get("format") != FORMAT or not isinstance(ratios, dict) or not ratios:
         raise SpeedCheckError(f"{path}: not an engine speed reference of format {FORMAT}")
-    return reference
+    from setdlm.results.baselines import ENGINE_SPEED, check_baseline
+
+    return check_baseline(path, reference, ENGINE_SPEED, SpeedCheckError)
 
 
 def compare(reference: dict, ratios: dict[str, float]) -> list[str]:

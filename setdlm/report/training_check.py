@@ -240,11 +240,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     write = "`setdlm check-training MODELS --write` writes one"
     baseline = read_json(args.baseline, TrainingCheckError, write)
-    if baseline.get("format") != FORMAT:
+    if not isinstance(baseline, dict) or baseline.get("format") != FORMAT:
         raise TrainingCheckError(
             f"{args.baseline}: format {baseline.get('format')!r}, this check reads format "
             f"{FORMAT} (a std_floor per metric); rewrite it: {write}"
         )
+    from setdlm.results.baselines import TRAINING, check_baseline
+
+    check_baseline(args.baseline, baseline, TRAINING, TrainingCheckError)
     found = trained_seeds(args.models)
     problems = compare(baseline, found)
     for problem in problems:
