@@ -19,7 +19,8 @@ from pathlib import Path
 from setdlm.results import layout
 from setdlm.workflow import datasets
 from setdlm.workflow import plan as workflow_plan
-from setdlm.workflow.config import ConfigError
+from setdlm.workflow.config import ConfigError, check_files
+from setdlm.workflow.references import forecast
 from setdlm.workflow.invocation import command_line_skips_the_lock, executes
 from setdlm.workflow.locks import lock_holders, lock_message
 
@@ -44,6 +45,10 @@ if not workflow.overwrite_configfiles:
 # The files the configuration came from, named in its errors.
 CONFIG_FILES = ", ".join(map(str, workflow.overwrite_configfiles)) or "workflows/config/tiny.yaml"
 try:
+    # what Snakemake's own reading lets through (a key given twice: the last silently won)
+    check_files(
+        workflow.overwrite_configfiles or [f"{workflow.basedir}/workflows/config/tiny.yaml"]
+    )
     PLAN = workflow_plan.build(config, os.environ, source=CONFIG_FILES)
 except ConfigError as error:
     # The message alone, before any job is queued: it names every bad key (Snakemake's
@@ -67,6 +72,12 @@ if workflow.is_main_process and not _HOLDERS:
         *workflow_plan.resync_lost_store(PLAN, os.environ, apply=_APPLY),
     ]:
         print(_message, file=sys.stderr)
+
+
+# Trainings take hours where copies of the reference models take seconds: say so before any
+# job starts, dry runs included (a missing reference folder is refused by the checks above).
+if workflow.is_main_process and (_FORECAST := forecast(PLAN)) is not None:
+    print(_FORECAST, file=sys.stderr)
 
 
 onstart:

@@ -393,7 +393,7 @@ MODEL_NAME_HELP = ", ".join(
 def parse_model_name(name: str) -> tuple[str, int | None] | None:
     """(family, size) of a model name (size: S for BD3LM, smax M for SetDLM, None where the
     name carries none); None when ``name`` follows no family's grammar."""
-    match = MODEL_NAME.match(name)
+    match = MODEL_NAME.fullmatch(name)  # not ``match``: "ar\n" would pass its ``$``
     if match is None:
         return None
     for info in FAMILIES.values():

@@ -26,9 +26,12 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from test_bad_inputs import Bad, _fingerprint  # the first sweep's case record and file hashes
 
 from setdlm.cli import main as setdlm
@@ -60,6 +63,9 @@ def work(tmp_path_factory) -> Path:
     _broken_results(work)
     _foreign_folders(work / "foreign")
     _broken_baselines(work / "baselines")
+    _broken_references(work / "refs", work / "configs")
+    _configs(work / "configs", work / "foreign")
+    _short_run_models(work / "short-run", work / "reference-copy")
     return work
 
 
@@ -176,6 +182,103 @@ def _broken_baselines(root: Path) -> None:
     broken("check-points-a-list", "tiny", lambda b: b.update(points=[1]))
 
 
+TINY = REPO / "workflows" / "config" / "tiny.yaml"
+
+
+def _tiny() -> dict:
+    return yaml.safe_load(TINY.read_text())
+
+
+def _broken_references(root: Path, configs: Path) -> None:
+    """Copies of a committed reference model (ar-arith, seed 0), each broken one way, and a
+    configuration reusing each: what `setdlm train` copies instead of training."""
+    configs.mkdir(exist_ok=True)
+    source = REFERENCE / "ar-arith" / "seed-0"
+
+    def broken(name: str, edit) -> None:
+        folder = root / name / "ar-arith" / "seed-0"
+        shutil.copytree(source, folder)
+        edit(folder)
+        config = _tiny()
+        config["reference_models"] = str(root / name)
+        (configs / f"reference-{name}.yaml").write_text(yaml.safe_dump(config))
+
+    def flip(folder: Path) -> None:
+        weights = bytearray((folder / "model.safetensors").read_bytes())
+        weights[-100] ^= 0xFF
+        (folder / "model.safetensors").write_bytes(bytes(weights))
+
+    def marker(edit):
+        return lambda folder: _edit_json(folder / "checkpoint.json", edit)
+
+    broken("weights-flipped", flip)
+    broken("weights-truncated", lambda folder: _truncate(folder / "model.safetensors"))
+    broken("weights-missing", lambda folder: (folder / "model.safetensors").unlink())
+    broken(
+        "hash-edited",
+        marker(lambda m: m["files"].update({"model.safetensors": "0" * 64})),
+    )
+    broken(
+        "config-mismatched",
+        lambda folder: _edit_json(folder / "config.json", lambda c: c.update(extra=1)),
+    )
+    broken("marker-not-json", lambda folder: (folder / "checkpoint.json").write_text("{oops"))
+    broken("marker-a-list", lambda folder: (folder / "checkpoint.json").write_text("[]"))
+    broken("marker-files-a-list", marker(lambda m: m.update(files=["model.safetensors"])))
+    broken("marker-hash-short", marker(lambda m: m["files"].update({"config.json": "abc"})))
+
+
+def _short_run_models(run: Path, reference: Path) -> None:
+    """Two seeds of a 60-step run of ar-arith (their records say so), and a copy of the
+    committed 24,000-step reference folder they could be exported into."""
+    shutil.copytree(REFERENCE / "ar-arith", reference / "ar-arith")
+    for seed in (0, 1):
+        folder = run / "ar-arith" / f"seed-{seed}"
+        shutil.copytree(REFERENCE / "ar-arith" / f"seed-{seed}", folder)
+        _edit_json(folder / "checkpoint.json", lambda m: m["settings"].update(steps=60))
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _configs(root: Path, foreign: Path) -> None:
+    """Configurations that pass the schema but not what lies beyond it."""
+
+    def variant(name: str, edit) -> None:
+        config = _tiny()
+        edit(config)
+        (root / f"{name}.yaml").write_text(yaml.safe_dump(config))
+
+    variant("reference-misspelled", lambda c: c.update(reference_models="results/refrence/models"))
+    variant("reference-a-file", lambda c: c.update(reference_models=str(foreign / "a-file.txt")))
+    variant("reference-blank", lambda c: c.update(reference_models=" "))
+    variant(
+        "reference-one-level-up",
+        lambda c: c.update(reference_models=str(REPO / "results" / "reference")),
+    )
+    variant("results-a-file", lambda c: c.update(results=str(foreign / "a-file.txt")))
+    variant("results-empty", lambda c: c.update(results=""))
+    variant("results-in-the-package", lambda c: c.update(results=str(REPO / "setdlm" / "out")))
+    variant(
+        "tables-over-the-reference",
+        lambda c: c.update(report={"tables": str(REPO / "results/reference/tiny/tables")}),
+    )
+    variant("figures-blank", lambda c: c.update(report={"figures": "  "}))
+    variant("name-with-a-newline", lambda c: c.update(name="tiny\n"))
+    variant(
+        "model-with-a-newline",
+        lambda c: c["models"].update({"ar-arith\n": c["models"].pop("ar-arith")}),
+    )
+    text = TINY.read_text()
+    (root / "key-twice.yaml").write_text(text + "\nname: tiny-again\n")
+    solve = text.index("  arithmetic-solve:")
+    block = text[solve : text.index("  arithmetic-infill:")]
+    again = solve + len(block)  # the block given a second time, right after the first
+    (root / "task-twice.yaml").write_text(text[:again] + block.replace("300", "3") + text[again:])
+
+
 def _foreign_folders(root: Path) -> None:
     """Folders of someone else's: a user's own tables, a file where a folder is expected."""
     (root / "mine").mkdir(parents=True)
@@ -196,7 +299,119 @@ DECODING = (
 )
 TRAINING = f"check-training {REFERENCE} --baseline {{baselines}}/"
 
+TRAIN = "train --model ar-arith --seed 0 --out {scratch}/model --config {configs}/"
+
 CASES = [
+    # --------------------------------------------- 0. the trap that costs hours of training
+    Bad(
+        "reference-models-misspelled",
+        TRAIN + "reference-misspelled.yaml",
+        ("reference_models: 'results/refrence/models' does not exist", "null to train"),
+    ),
+    Bad(
+        "reference-models-a-file",
+        TRAIN + "reference-a-file.yaml",
+        ("reference_models:", "a-file.txt is a file", "folder of models"),
+    ),
+    Bad("reference-models-blank", TRAIN + "reference-blank.yaml", ("reference_models: ' '",)),
+    Bad(
+        "reference-models-one-level-up",
+        TRAIN + "reference-one-level-up.yaml",
+        ("reference_models:", "holds none of the models", "ar-arith"),
+    ),
+    # ----------------------------------------- 2. corrupt reference models: no copy is made
+    Bad(
+        "reference-weights-flipped",
+        TRAIN + "reference-weights-flipped.yaml",
+        ("weights-flipped/ar-arith/seed-0/model.safetensors", "records", "nothing was copied"),
+    ),
+    Bad(
+        "reference-weights-truncated",
+        TRAIN + "reference-weights-truncated.yaml",
+        ("weights-truncated/ar-arith/seed-0/model.safetensors", "nothing was copied"),
+    ),
+    Bad(
+        "reference-weights-missing",
+        TRAIN + "reference-weights-missing.yaml",
+        ("model.safetensors: sha256 missing", "nothing was copied"),
+    ),
+    Bad(
+        "reference-hash-edited",
+        TRAIN + "reference-hash-edited.yaml",
+        ("hash-edited/ar-arith/seed-0/model.safetensors", "records 0000000000000000"),
+    ),
+    Bad(
+        "reference-config-mismatched",
+        TRAIN + "reference-config-mismatched.yaml",
+        ("config-mismatched/ar-arith/seed-0/config.json", "nothing was copied"),
+    ),
+    Bad(
+        "reference-marker-not-json",
+        TRAIN + "reference-marker-not-json.yaml",
+        ("marker-not-json/ar-arith/seed-0/checkpoint.json", "not valid JSON"),
+    ),
+    Bad(
+        "reference-marker-a-list",
+        TRAIN + "reference-marker-a-list.yaml",
+        ("marker-a-list/ar-arith/seed-0/checkpoint.json", "expected a JSON object"),
+    ),
+    Bad(
+        "reference-marker-files-a-list",
+        TRAIN + "reference-marker-files-a-list.yaml",
+        ("checkpoint.json: files is ['model.safetensors']", "file: sha256"),
+    ),
+    Bad(
+        "reference-marker-hash-short",
+        TRAIN + "reference-marker-hash-short.yaml",
+        ("checkpoint.json: files.config.json is 'abc'", "64 hex digits"),
+    ),
+    Bad(
+        "export-references-mixing-two-recipes",
+        "export-references {short-run} --out {reference-copy}",
+        ("reference-copy/ar-arith/seed-2 (kept)", "steps = 24000", "with 60", "two recipes"),
+    ),
+    # ------------------------------------------ 2 and 3. configurations beyond the schema
+    Bad(
+        "config-results-a-file",
+        TRAIN + "results-a-file.yaml",
+        ("results:", "a-file.txt", "is a file", "expected a folder"),
+    ),
+    Bad(
+        "config-results-empty",
+        TRAIN + "results-empty.yaml",
+        ("results: ''", "working directory"),
+    ),
+    Bad(
+        "config-results-in-the-package",
+        TRAIN + "results-in-the-package.yaml",
+        ("results:", "inside the installed setdlm package"),
+    ),
+    Bad(
+        "config-tables-over-the-reference",
+        TRAIN + "tables-over-the-reference.yaml",
+        ("report.tables:", "inside the committed reference outputs"),
+    ),
+    Bad("config-figures-blank", TRAIN + "figures-blank.yaml", ("report.figures: '  '",)),
+    Bad(
+        "config-name-with-a-newline",
+        TRAIN + "name-with-a-newline.yaml",
+        ("name: 'tiny\\n' does not match",),
+    ),
+    Bad(
+        "config-model-with-a-newline",
+        TRAIN + "model-with-a-newline.yaml",
+        ("models.'ar-arith\\n': not a model name",),
+    ),
+    Bad(
+        "config-key-twice",
+        TRAIN + "key-twice.yaml",
+        ("key-twice.yaml", "duplicate key 'name'", "give each key once"),
+    ),
+    Bad(
+        "config-task-twice",
+        TRAIN + "task-twice.yaml",
+        ("task-twice.yaml", "duplicate key 'arithmetic-solve'"),
+    ),
     # ------------------------------------- 1. outputs written over what the command did not make
     Bad(
         "tables-over-a-users-file",
@@ -396,7 +611,7 @@ CASES = [
 
 
 def _paths(work: Path, scratch: Path) -> dict[str, str]:
-    names = ("results", "tables", "foreign", "baselines")
+    names = ("results", "tables", "foreign", "baselines", "configs", "short-run", "reference-copy")
     return {name: str(work / name) for name in names} | {"scratch": str(scratch)}
 
 
@@ -429,6 +644,45 @@ def test_a_bad_input_is_refused_in_a_line_and_changes_nothing(
     assert _fingerprint(work) == before, "a file the command did not make changed"
     written = [str(path) for path in tmp_path.rglob("*") if path.is_file()]
     assert not written, f"a refused command wrote {written}"
+
+
+# --------------------------------------------------- 0. what the plan trains instead of copying
+def _forecast(config: dict) -> str | None:
+    from setdlm.workflow.plan import build
+    from setdlm.workflow.references import forecast
+
+    return forecast(build(config, {}, log=lambda message: None))
+
+
+def test_the_plan_says_how_many_models_it_trains_and_for_how_long(tmp_path, monkeypatch):
+    from configs import tiny_config, tiny_quick_config, tiny_with_overlay
+
+    monkeypatch.chdir(tmp_path)  # another folder: the committed models are found all the same
+    assert _forecast(tiny_config()) is None  # every model copied
+    trained = _forecast(tiny_with_overlay(TINY.with_name("tiny-train.yaml")))
+    assert "20 model(s) will be trained here" in trained and "reference_models is null" in trained
+    assert "hours of one CPU core" in trained
+    quick = _forecast(tiny_quick_config())  # 60 steps: not the reference's recipe
+    assert "8 model(s) will be trained" in quick and "steps = 24000, this recipe has 60" in quick
+    assert "minutes" in quick
+
+
+@pytest.mark.slow  # two Snakemake dry runs (about 10 s)
+def test_a_dry_run_from_another_folder_copies_and_an_overlay_says_it_trains(tmp_path, data_dir):
+    from workflow_env import environ
+
+    command = [str(Path(sys.executable).with_name("snakemake")), "-s", str(REPO / "Snakefile")]
+    command += ["-d", str(tmp_path), "-n", "--cores", "1", "all_models"]
+    default = subprocess.run(command, capture_output=True, text=True, env=environ(data_dir))
+    assert default.returncode == 0, default.stderr[-3000:]
+    assert "will be trained here" not in default.stdout + default.stderr
+    overlay = ["--configfile", str(TINY), str(TINY.with_name("tiny-train.yaml"))]
+    train = subprocess.run(
+        [*command, *overlay], capture_output=True, text=True, env=environ(data_dir)
+    )
+    assert train.returncode == 0, train.stderr[-3000:]
+    assert "20 model(s) will be trained here" in train.stderr
+    assert not (tmp_path / "results").exists()  # a dry run writes nothing
 
 
 # ------------------------------------------------------------ 1. what `report --out` may replace

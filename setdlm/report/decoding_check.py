@@ -311,7 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     from setdlm.workflow.config import load
 
     config = load(args.config, check_data=False)
-    models = args.models or Path(config.get("reference_models") or "")
+    from setdlm.workflow.references import reference_root
+
+    models = args.models or reference_root(config) or Path("")
     if not str(models) or not models.is_dir():
         parser.error(
             f"--models {models}: not a folder of reference models (set --models, or "

@@ -46,7 +46,22 @@ def schema() -> dict:
     # unconditional samples of arithmetic models are judged against a generator's problems
     loaded["$defs"]["unconditional"]["properties"]["references"]["enum"] += ARITHMETIC_GRAMMARS
     loaded["properties"]["models"]["propertyNames"]["pattern"] = MODEL_NAME_PATTERN
+    _anchor_at_the_very_end(loaded)
     return loaded
+
+
+def _anchor_at_the_very_end(node) -> None:
+    """Python's ``$`` also matches before a final newline, so a name ending in one ("tiny\n")
+    passed ``^[a-z]...$``; ``(?!\n)`` after it keeps JSON schema's meaning (the string ends)."""
+    if isinstance(node, dict):
+        pattern = node.get("pattern")
+        if isinstance(pattern, str) and pattern.endswith("$") and not pattern.endswith("\\$"):
+            node["pattern"] = pattern + r"(?!\n)"
+        for value in node.values():
+            _anchor_at_the_very_end(value)
+    elif isinstance(node, list):
+        for value in node:
+            _anchor_at_the_very_end(value)
 
 
 def node(pointer: str) -> dict:

@@ -37,6 +37,8 @@ from setdlm.util.validation import (
     warmup_errors,
 )
 from setdlm.workflow import datasets
+from setdlm.workflow.destinations import destination_errors
+from setdlm.workflow.references import reference_errors
 
 # setdlm/workflows: the top-level workflows/ folder (a link in the checkout, package data in a
 # wheel), so that an installed package finds its schema, checkpoint table and profiles.
@@ -63,13 +65,51 @@ class ConfigError(UserError, ValueError):
         super().__init__(f"invalid workflow configuration{where}:\n{lines}")
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """YAML that refuses a key given twice in one mapping (PyYAML keeps the last silently: a
+    second `tasks:` block or a repeated setting replaced the first without a word). Keys
+    merged in with ``<<: *anchor`` may be overridden, as YAML intends."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(
+                    key_node, yaml.ScalarNode
+                ):
+                    continue
+                if key_node.value in seen:
+                    first = seen[key_node.value]
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"duplicate key {key_node.value!r} (first at line {first.line + 1}; "
+                        "YAML would keep only the last: give each key once)",
+                        key_node.start_mark,
+                    )
+                seen[key_node.value] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_yaml(path: str | Path) -> Any:
     with open(path, encoding="utf-8") as handle:
-        return yaml.safe_load(handle)
+        return yaml.load(handle, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
+
+
+def check_files(paths) -> None:
+    """Read each configuration file as ``load`` does (Snakemake reads them itself, keeping a
+    duplicate key's last value): a ConfigError names the first that is not valid."""
+    for path in paths:
+        read_file(path)
 
 
 def load(path: str | Path, check_data: bool = True) -> dict:
     """A configuration file, validated, with defaults."""
+    return validate(read_file(path), source=str(path), check_data=check_data)
+
+
+def read_file(path: str | Path) -> Any:
+    """A configuration file's YAML, not yet validated; a ConfigError naming it otherwise."""
     try:
         raw = load_yaml(path)
     except OSError as error:
@@ -84,7 +124,7 @@ def load(path: str | Path, check_data: bool = True) -> dict:
         line = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
         problem = getattr(error, "problem", None) or error
         raise ConfigError([f"not valid YAML{line}: {problem}"], str(path)) from None
-    return validate(raw, source=str(path), check_data=check_data)
+    return raw
 
 
 def load_published(path: str | Path = MODELS_PATH) -> dict:
@@ -135,6 +175,8 @@ def key_path(parts) -> str:
     """("tasks", "gsm8k", "thresholds", 2) -> "tasks.gsm8k.thresholds[2]"."""
     text = ""
     for part in parts:
+        if isinstance(part, str) and not part.isprintable():
+            part = repr(part)  # a key ending in a newline, shown as such
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
     return text or "(top level)"
 
@@ -221,6 +263,9 @@ def semantic_errors(config: dict, published: dict, environ, check_data: bool = T
         errors += _model_errors(name, entry, config, published)
     for task, settings in config["tasks"].items():
         errors += _task_errors(task, settings, config, published)
+    trained = [name for name in used_models(config) if "train" in config["models"][name]]
+    errors += reference_errors(config, trained)  # setdlm/workflow/references.py
+    errors += destination_errors(config)  # setdlm/workflow/destinations.py
     if check_data:
         errors += _data_errors(config, environ)
     return errors

@@ -42,6 +42,7 @@ from setdlm.workflow.config import (
     train_settings,
 )
 from setdlm.workflow.plan import code_version
+from setdlm.workflow.references import read_marker, reference_root
 
 TRAINED_MARKER = "checkpoint.json"
 
@@ -159,6 +160,8 @@ def train_model(
     reference = reference_model(config, name, seed, recipe)
     if reference is not None:
         return _copy_reference(name, reference, out, log)
+    if reference_root(config) is not None:  # hours, where minutes were perhaps expected
+        log(f"[{name}] no reference model of this recipe in {reference_root(config)}: training it")
     identity = {**recipe, "code_version": code_version(WORKFLOW_DIR.parent)}
     _start_over_unless_same(work, identity, log)
     documents = corpus_documents(settings)
@@ -229,14 +232,14 @@ def reference_model(config: dict, name: str, seed: int | None, recipe: dict) -> 
     """The committed reference copy of this model (``reference_models``/<name>[/seed-<k>]),
     when the configuration names a reference folder and the copy there was trained with
     exactly this recipe (model, family, settings, data); else None: train it here."""
-    root = config.get("reference_models")
-    if not root:
+    root = reference_root(config)
+    if root is None:
         return None
-    folder = Path(root) / name / (f"seed-{seed}" if seed is not None else "")
+    folder = root / name / (f"seed-{seed}" if seed is not None else "")
     marker = folder / TRAINED_MARKER
     if not marker.is_file():
         return None
-    recorded = json.loads(marker.read_text())
+    recorded = read_marker(marker)  # a malformed one is refused, naming it
     same = json.loads(json.dumps(recipe))  # as read back: tuples become lists
     if {key: recorded.get(key) for key in same} != same:
         return None
@@ -246,18 +249,25 @@ def reference_model(config: dict, name: str, seed: int | None, recipe: dict) -> 
 def _copy_reference(name: str, reference: Path, out: Path, log) -> dict:
     """The reference model's files into ``out``, checked against the hashes its marker lists,
     and a marker saying where they came from (the training record kept as it was)."""
+    from setdlm.util.errors import DataError
     from setdlm.util.files import atomic_write_bytes
 
-    recorded = json.loads((reference / TRAINED_MARKER).read_text())
+    recorded = read_marker(reference / TRAINED_MARKER)
+    # The reference is checked before anything is copied: a corrupt copy in OUT would look
+    # like a model to the next run.
+    for file, sha256 in recorded["files"].items():
+        source = reference / file
+        found = sha256_file(source) if source.is_file() else "missing"
+        if found != sha256:
+            raise DataError(
+                f"{source}: sha256 {found[:16]}..., but {reference / TRAINED_MARKER} records "
+                f"{sha256[:16]}... (the committed model is damaged or was edited: restore it, "
+                "e.g. `git checkout -- " + str(reference) + "`); nothing was copied"
+            )
     out.mkdir(parents=True, exist_ok=True)
     for path in sorted(reference.iterdir()):
         if path.is_file() and path.name != TRAINED_MARKER:
             atomic_write_bytes(out / path.name, path.read_bytes())
-    for file, sha256 in recorded["files"].items():
-        if sha256_file(out / file) != sha256:
-            raise RuntimeError(
-                f"{reference / file}: does not match the sha256 in {reference / TRAINED_MARKER}"
-            )
     marker = {
         **recorded,
         "source": "reference",
@@ -366,15 +376,19 @@ def export_references(models: Path, out: Path, names: list[str] | None = None, l
     markers = sorted(models.glob(f"*/{TRAINED_MARKER}")) + sorted(
         models.glob(f"*/seed-*/{TRAINED_MARKER}")
     )
+    exported = []
     for marker in markers:
         folder = marker.parent
         seeded = folder.name.startswith("seed-")
         name = folder.parent.name if seeded else folder.name
         if names is not None and name not in names:
             continue
-        recorded = json.loads(marker.read_text())
+        recorded = read_marker(marker)
         if recorded.get("source") != "trained":
             continue  # a copy of a reference model, or a published checkpoint's marker
+        exported.append((folder, name, seeded, recorded))
+    refuse_mixed_references(out, exported)  # before anything is copied
+    for folder, name, seeded, _ in exported:
         target = out / name / (folder.name if seeded else "")
         staging = target.with_name(f".{target.name}.tmp")
         shutil.rmtree(staging, ignore_errors=True)
@@ -385,6 +399,52 @@ def export_references(models: Path, out: Path, names: list[str] | None = None, l
         copied += 1
         log(f"{folder} -> {target}")
     return copied
+
+
+def recipe_of(marker: dict) -> dict:
+    """What a trained model is a function of, but its seed: one reference folder holds the
+    seeds of one recipe."""
+    settings = {k: v for k, v in (marker.get("settings") or {}).items() if k != "seed"}
+    return {"family": marker.get("family"), "settings": settings, "data": marker.get("data")}
+
+
+def refuse_mixed_references(out: Path, exported) -> None:
+    """A model folder at ``out`` would hold seeds of two recipes after the export (2 seeds of
+    a 60-step run over seeds 0-1 of the 24,000-step reference, seeds 2-4 left as they were):
+    refused, naming the setting that differs, before anything is copied."""
+    from setdlm.util.errors import UserError
+
+    by_model: dict[str, list] = {}
+    for folder, name, seeded, recorded in exported:
+        by_model.setdefault(name, []).append((folder.name if seeded else None, recorded))
+    for name, seeds in by_model.items():
+        recipes = {json.dumps(recipe_of(r), sort_keys=True) for _, r in seeds}
+        if len(recipes) > 1:
+            raise UserError(f"export-references: the run's {name} seeds differ in their recipe")
+        new = recipe_of(seeds[0][1])
+        replaced = {seed for seed, _ in seeds}
+        for marker in sorted((out / name).glob(f"seed-*/{TRAINED_MARKER}")):
+            if marker.parent.name in replaced:
+                continue
+            kept = recipe_of(read_marker(marker))
+            if kept != new:
+                key, old, now = _first_difference(kept, new)
+                raise UserError(
+                    f"--out {out}: {marker.parent} (kept) was trained with {key} = {old}, the "
+                    f"exported {name} with {now}: the reference folder would mix two recipes; "
+                    f"export every seed of the new recipe, or move {out / name} away first "
+                    "(nothing was copied)"
+                )
+
+
+def _first_difference(old: dict, new: dict, prefix: str = "") -> tuple[str, object, object]:
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if a != b:
+            if isinstance(a, dict) and isinstance(b, dict):
+                return _first_difference(a, b, f"{prefix}{key}.")
+            return f"{prefix}{key}", a, b
+    return prefix.rstrip("."), old, new
 
 
 def export_main(argv: list[str]) -> int:
