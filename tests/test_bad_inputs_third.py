@@ -24,6 +24,7 @@ process of its own (Snakemake, the MLflow server).
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -66,6 +67,7 @@ def work(tmp_path_factory) -> Path:
     _broken_references(work / "refs", work / "configs")
     _configs(work / "configs", work / "foreign")
     _short_run_models(work / "short-run", work / "reference-copy")
+    _broken_mirrors(work / "mirrors")
     return work
 
 
@@ -238,6 +240,24 @@ def _short_run_models(run: Path, reference: Path) -> None:
         _edit_json(folder / "checkpoint.json", lambda m: m["settings"].update(steps=60))
 
 
+DATA = Path(os.environ.get("SETDLM_DATA_DIR", REPO.parent / "shared" / "data"))
+
+
+def _broken_mirrors(root: Path) -> None:
+    """Copies of the data mirror's GSM8K folder and SHA256SUMS: one with an answer edited (still
+    valid JSON lines), one not UTF-8 (and not listed, so only its reading can tell)."""
+    for name in ("tampered", "not-utf-8"):
+        shutil.copytree(DATA / "gsm8k", root / name / "gsm8k")
+        shutil.copy(DATA / "SHA256SUMS", root / name / "SHA256SUMS")
+    test = root / "tampered" / "gsm8k" / "test.jsonl"
+    test.write_text(test.read_text(encoding="utf-8").replace("#### 18", "#### 19", 1))
+    test = root / "not-utf-8" / "gsm8k" / "test.jsonl"
+    test.write_bytes(test.read_bytes().replace(b"Janet", b"Jan\xe9t", 1))
+    sums = root / "not-utf-8" / "SHA256SUMS"
+    lines = sums.read_text().splitlines(keepends=True)
+    sums.write_text("".join(line for line in lines if "gsm8k/test.jsonl" not in line))
+
+
 def _truncate(path: Path) -> None:
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
@@ -299,6 +319,7 @@ DECODING = (
 )
 TRAINING = f"check-training {REFERENCE} --baseline {{baselines}}/"
 
+GSM8K = f"eval gsm8k --model {REFERENCE}/ar-arith/seed-0 --out {{scratch}}/g --limit 1 --warmup 0"
 TRAIN = "train --model ar-arith --seed 0 --out {scratch}/model --config {configs}/"
 
 CASES = [
@@ -369,6 +390,31 @@ CASES = [
         "export-references-mixing-two-recipes",
         "export-references {short-run} --out {reference-copy}",
         ("reference-copy/ar-arith/seed-2 (kept)", "steps = 24000", "with 60", "two recipes"),
+    ),
+    # ------------------------------------- 2 and 3. data files that are not what is listed
+    Bad(
+        "eval-on-tampered-data",
+        GSM8K,
+        ("tampered/gsm8k/test.jsonl", "SHA256SUMS lists", "nothing was computed"),
+        {"SETDLM_DATA_DIR": "{mirrors}/tampered"},
+    ),
+    Bad(
+        "eval-on-data-not-utf-8",
+        GSM8K + " --limit 2",
+        ("not-utf-8/gsm8k/test.jsonl", "not UTF-8 text"),
+        {"SETDLM_DATA_DIR": "{mirrors}/not-utf-8"},
+    ),
+    Bad(
+        "prepare-tampered-data",
+        "data prepare --dataset gsm8k --source dir --out {scratch}/prepared",
+        ("tampered/gsm8k/test.jsonl", "differs from", "SHA256SUMS"),
+        {"SETDLM_DATA_DIR": "{mirrors}/tampered"},
+    ),
+    Bad(
+        "prepare-data-not-utf-8",
+        "data prepare --dataset gsm8k --source dir --out {scratch}/prepared-u",
+        ("gsm8k/test.jsonl", "not UTF-8 text"),
+        {"SETDLM_DATA_DIR": "{mirrors}/not-utf-8"},
     ),
     # ------------------------------------------ 2 and 3. configurations beyond the schema
     Bad(
@@ -612,6 +658,7 @@ CASES = [
 
 def _paths(work: Path, scratch: Path) -> dict[str, str]:
     names = ("results", "tables", "foreign", "baselines", "configs", "short-run", "reference-copy")
+    names += ("mirrors",)
     return {name: str(work / name) for name in names} | {"scratch": str(scratch)}
 
 

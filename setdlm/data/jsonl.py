@@ -13,6 +13,15 @@ def read_jsonl(
 ) -> list[tuple[int, dict]]:
     """(line number, object) for each non-blank line; every ``required`` key must be a string."""
     rows = []
+    try:
+        return _read(path, rows, required, limit)
+    except UnicodeDecodeError as error:
+        from setdlm.data.mirror import not_utf8
+
+        raise not_utf8(path, error) from None
+
+
+def _read(path, rows: list, required: tuple[str, ...], limit: int | None) -> list:
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             if limit is not None and len(rows) >= limit:

@@ -15,6 +15,7 @@ from typing import NamedTuple
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from setdlm.data.mirror import read_text
 from setdlm.util.hub import load_hub_dataset
 from setdlm.util.paths import data_dir, data_path
 
@@ -46,7 +47,7 @@ def read_wikitext2_lines(split: str = "test") -> list[str]:
     if split not in _WIKITEXT_FILES:
         raise ValueError(f"WikiText-2 split {split!r} is not one of {sorted(_WIKITEXT_FILES)}")
     if data_dir() is not None:
-        text = data_path("wikitext2", _WIKITEXT_FILES[split]).read_text(encoding="utf-8")
+        text = read_text(data_path("wikitext2", _WIKITEXT_FILES[split]))  # UTF-8, or refused
     else:
         instead = "set SETDLM_DATA_DIR to the offline data folder (e.g. ../shared/data)"
         rows = load_hub_dataset(*WIKITEXT_HUB_ID, split=split, instead=instead)["text"]

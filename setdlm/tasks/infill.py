@@ -25,11 +25,13 @@ Repetition penalty (SPEC 8.2 item 7), ``repetition=``:
 from __future__ import annotations
 
 import csv
+import io
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal, NamedTuple
 
 from setdlm.core.decoding import DecodeConfig
+from setdlm.data.mirror import read_text
 from setdlm.eval.generated_text import flag_counts, output_flags, text_before_eos
 from setdlm.eval.rouge import RougeScorer, RougeSettings, aggregate_rouge
 from setdlm.eval.runner import Example, Task
@@ -65,7 +67,11 @@ class Story:
 def read_stories(path: str | Path) -> list[Story]:
     """A Story Cloze CSV's stories in file order, each ending with its right ending."""
     path = Path(path)
-    with open(path, newline="", encoding="utf-8") as handle:
+    try:
+        text = read_text(path)  # UTF-8, or refused naming the file
+    except OSError as error:
+        raise DataError(f"{path}: cannot read it ({error.strerror or error})") from None
+    with io.StringIO(text, newline="") as handle:
         reader = csv.DictReader(handle)
         missing = sorted(set(COLUMNS) - set(reader.fieldnames or ()))
         if missing:

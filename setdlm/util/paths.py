@@ -38,4 +38,7 @@ def data_path(*parts: str) -> Path:
         raise DataNotFoundError(
             f"expected {'/'.join(parts)} inside {DATA_DIR_ENV}={root}, but {path} does not exist"
         )
+    from setdlm.data.mirror import verify
+
+    verify(path, root)  # against the sha256 the mirror lists (setdlm/data/mirror.py)
     return path

@@ -99,14 +99,10 @@ def source_identity(name: str, kind: str, data_dir: Path | None) -> dict:
 
 def _listed_sha256(data_dir: Path, relative: str) -> str | None:
     """The hash ``SHA256SUMS`` lists for a file (the offline mirror ships one), else None."""
-    sums = data_dir / "SHA256SUMS"
-    if not sums.is_file():
-        return None
-    for line in sums.read_text().splitlines():
-        digest, _, listed = line.strip().partition("  ")
-        if listed.lstrip("*./") == relative:
-            return digest
-    return None
+    from setdlm.data.mirror import listed_sha256
+
+    listed = listed_sha256(data_dir, relative)
+    return None if listed is None else listed[0]
 
 
 # ------------------------------------------------------------------------------- prepare
@@ -135,16 +131,21 @@ def prepare(name: str, kind: str, out: Path, data_dir: Path | None, log=print) -
         expected = None
     else:
         raise ValueError(f"data.sources.{name}: unknown source kind {kind!r}")
+    try:
+        rows = count_rows(target)
+    except DataError:  # not text: no copy is left to be taken for prepared data
+        target.unlink()
+        raise
     entry = {
         "path": target.relative_to(out).as_posix(),
         "sha256": sha256_file(target),
-        "rows": count_rows(target),
+        "rows": rows,
         "bytes": target.stat().st_size,
         "source": origin,
     }
     if expected is not None and expected != entry["sha256"]:
         target.unlink()
-        raise ValueError(
+        raise DataError(
             f"{origin['path']}: sha256 {entry['sha256']} differs from {expected} listed in "
             f"{data_dir / 'SHA256SUMS'}"
         )
@@ -197,7 +198,9 @@ def _jsonl(rows) -> str:
 
 def count_rows(path: Path) -> int:
     """Examples in a file: JSON lines, CSV records after the header, non-blank text lines."""
-    text = path.read_text(encoding="utf-8")
+    from setdlm.data.mirror import read_text
+
+    text = read_text(path)  # UTF-8, or refused naming the file
     if path.suffix == ".csv":
         return max(0, sum(1 for _ in csv.reader(io.StringIO(text))) - 1)
     return sum(1 for line in text.splitlines() if line.strip())
