@@ -23,10 +23,12 @@ process of its own (Snakemake, the MLflow server).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +70,7 @@ def work(tmp_path_factory) -> Path:
     _configs(work / "configs", work / "foreign")
     _short_run_models(work / "short-run", work / "reference-copy")
     _broken_mirrors(work / "mirrors")
+    _broken_stores(work / "stores")
     return work
 
 
@@ -256,6 +259,21 @@ def _broken_mirrors(root: Path) -> None:
     sums = root / "not-utf-8" / "SHA256SUMS"
     lines = sums.read_text().splitlines(keepends=True)
     sums.write_text("".join(line for line in lines if "gsm8k/test.jsonl" not in line))
+
+
+def _broken_stores(root: Path) -> None:
+    """Results folders whose mlflow.db is truncated, or corrupted past its header."""
+    import sqlite3
+
+    (root / "truncated").mkdir(parents=True)
+    database = root / "truncated" / "mlflow.db"
+    with contextlib.closing(sqlite3.connect(database)) as db:
+        db.execute("CREATE TABLE experiments (name TEXT)")
+        db.executemany("INSERT INTO experiments VALUES (?)", [("x" * 500,)] * 200)
+        db.commit()
+    _truncate(database)
+    (root / "corrupted").mkdir()
+    (root / "corrupted" / "mlflow.db").write_bytes(b"SQLite format 3\x00" + b"\x13" * 5000)
 
 
 def _truncate(path: Path) -> None:
@@ -647,7 +665,50 @@ CASES = [
         "check --baseline {baselines}/check-points-a-list.json " + RUN + "done",
         ("check-points-a-list.json", "'points' object"),
     ),
+    # --------------------------------------------- 3. `setdlm ui` announcing what it cannot serve
+    Bad(
+        "ui-on-a-truncated-store",
+        "ui --results {stores}/truncated --port 5431",
+        ("truncated/mlflow.db is corrupted", "left as it is", "setdlm sync"),
+    ),
+    Bad(
+        "ui-on-a-corrupted-store",
+        "ui --results {stores}/corrupted --port 5432",
+        ("corrupted/mlflow.db is corrupted", "not served"),
+    ),
+    Bad(
+        "ui-host-unresolvable",
+        "ui --results {scratch}/r --host no-such-host.invalid",
+        ("--host no-such-host.invalid: cannot be resolved",),
+    ),
+    Bad(
+        "ui-host-not-this-machine",
+        "ui --results {scratch}/r --host 192.0.2.1 --port 5433",  # TEST-NET-1: never local
+        ("--host 192.0.2.1 --port 5433: cannot listen there",),
+    ),
     # ---------------------------------------------------------------------------- 4. unclear
+    Bad(
+        "eval-out-a-file",
+        f"eval arithmetic --model {REFERENCE}/ar-arith/seed-0 --out {{foreign}}/a-file.txt "
+        "--limit 1 --warmup 0 --max-new-tokens 26",
+        ("a-file.txt: File exists", "a file is where a folder is needed"),
+    ),
+    Bad(
+        "eval-out-under-a-file",
+        f"eval arithmetic --model {REFERENCE}/ar-arith/seed-0 --out {{foreign}}/a-file.txt/x "
+        "--limit 1 --warmup 0 --max-new-tokens 26",
+        ("a-file.txt/x: Not a directory", "a file is on the way"),
+    ),
+    Bad(
+        "train-out-a-file",
+        "train --model ar-arith --seed 0 --out {foreign}/a-file.txt --config " + str(TINY),
+        ("a-file.txt: File exists", "a folder is needed"),
+    ),
+    Bad(
+        "check-a-results-file",
+        "check --baseline {scratch}/b.json {foreign}/a-file.txt",
+        ("a-file.txt: is a file; expected a results folder",),
+    ),
     Bad(
         "tables-out-a-file",
         TABLES + "done --out {foreign}/a-file.txt",
@@ -658,7 +719,7 @@ CASES = [
 
 def _paths(work: Path, scratch: Path) -> dict[str, str]:
     names = ("results", "tables", "foreign", "baselines", "configs", "short-run", "reference-copy")
-    names += ("mirrors",)
+    names += ("mirrors", "stores")
     return {name: str(work / name) for name in names} | {"scratch": str(scratch)}
 
 
@@ -730,6 +791,34 @@ def test_a_dry_run_from_another_folder_copies_and_an_overlay_says_it_trains(tmp_
     assert train.returncode == 0, train.stderr[-3000:]
     assert "20 model(s) will be trained here" in train.stderr
     assert not (tmp_path / "results").exists()  # a dry run writes nothing
+
+
+# ------------------------------------------------------------- 3. a port another server holds
+def test_ui_refuses_a_port_in_use_before_announcing_it(work, tmp_path, capsys):
+    with socket.socket() as other:  # another server on the port
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        code = setdlm(["ui", "--results", str(tmp_path), "--port", str(port)])
+    captured = capsys.readouterr()
+    assert code == 2, captured.out + captured.err
+    assert f"--port {port}: already in use on 127.0.0.1" in captured.err
+    assert "MLflow UI on" not in captured.out and "http://" not in captured.out  # no links
+    assert not any(tmp_path.iterdir())  # no store created
+
+
+# ------------------------------------------------------------------------ 2. a full disk
+def test_a_full_disk_is_one_line_naming_the_file_and_what_is_kept(capsys):
+    """/dev/full answers every write with ENOSPC, as a full disk does: the samples log (what an
+    evaluation appends to) fails in one line that names it, with no chained traceback."""
+    from setdlm.eval.records import SampleLog
+    from setdlm.util.errors import report
+
+    code = report("setdlm eval", lambda: SampleLog(Path("/dev/full")).append({"id": "test-0"}))
+    message = capsys.readouterr().err
+    assert code == 2 and message.count("\n") == 1, message
+    assert message.startswith("setdlm eval: /dev/full: No space left on device")
+    assert "what was finished before is kept" in message and "Traceback" not in message
 
 
 # ------------------------------------------------------------ 1. what `report --out` may replace

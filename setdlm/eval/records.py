@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from setdlm.util.files import atomic_write_bytes
+from setdlm.util.files import atomic_write_bytes, naming_write_errors
 
 
 class SampleLog:
@@ -60,7 +60,7 @@ class SampleLog:
     def append(self, record: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         line = json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n"
-        with open(self.path, "a", encoding="utf-8") as handle:
+        with naming_write_errors(self.path), open(self.path, "a", encoding="utf-8") as handle:
             handle.write(line)
             handle.flush()
             os.fsync(handle.fileno())

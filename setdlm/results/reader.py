@@ -302,6 +302,10 @@ class Results:
 def load_results(run_dir: str | Path) -> Results:
     """Every point of the run ``<results>/runs/<name>/``, each checked against the layout."""
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ResultError(
+            f"{run_dir}: is a file; expected a results folder (results/runs/<config name>)"
+        )
     if not run_dir.is_dir():
         raise FileNotFoundError(f"results folder {run_dir} does not exist")
     points, unfinished = [], []

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from setdlm.results.reader import RESULTS_DIR_ENV, ResultError, find_results, results_root
 from setdlm.tracking.record import experiment_facts, run_record, sweep_records
+from setdlm.tracking.serving import refuse_unservable
 from setdlm.tracking.store import (
     PROXIED_ARTIFACTS,
     StoreUnavailable,
@@ -193,6 +194,9 @@ def ui_main(argv: list[str] | None = None) -> int:
         command += ["--artifacts-destination", str(store.artifacts_destination)]
     command += ["--host", args.host, "--port", str(args.port), "--workers", "1"]
     base = f"http://{args.host}:{args.port}"
+    if not args.dry_run:
+        # Nothing is announced that cannot be served (setdlm/tracking/serving.py).
+        refuse_unservable(args.host, args.port, store)
     print(f"MLflow UI on {store.uri}: {base}")
     print("  " + shlex.join(["mlflow", *command[3:]]))
     if args.dry_run:
@@ -209,7 +213,16 @@ def ui_main(argv: list[str] | None = None) -> int:
         _print_views(client, base)
     # Background job execution is not used here and costs memory.
     env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}
-    return serve_until_stopped(command, env)
+    code = serve_until_stopped(command, env)
+    if code is None:
+        return 0  # stopped by the user
+    # A server that ends by itself has stopped serving what was announced.
+    print(
+        f"setdlm ui: the MLflow server stopped by itself (exit status {code}): {base} is not "
+        "served; its messages are above",
+        file=sys.stderr,
+    )
+    return code or 1
 
 
 def _print_views(client, base: str) -> None:
@@ -231,7 +244,7 @@ def _print_links(views, base: str) -> None:
         print(f"  {view.experiment}: {view.name}\n    {view.url(base)}", flush=True)
 
 
-def serve_until_stopped(command: list[str], env: dict) -> int:
+def serve_until_stopped(command: list[str], env: dict) -> int | None:
     """Run the server in its own process group and stop the whole group (its workers too)
     when this process is stopped: Ctrl-C, SIGTERM or SIGHUP, or any error here. Killed
     outright (SIGKILL), this process cannot clean up: on Linux the server is then sent
@@ -245,9 +258,9 @@ def serve_until_stopped(command: list[str], env: dict) -> int:
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        return server.wait()
+        return server.wait()  # the server ended by itself
     except KeyboardInterrupt:
-        return 0
+        return None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -9,6 +9,7 @@ traceback. ``SETDLM_TRACEBACK=1`` shows the traceback of an input error too.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 
@@ -51,11 +52,26 @@ def report(command: str, run) -> int:
         # disk full): the path and the reason are the message. Other OS errors are bugs.
         if error.filename is None or os.environ.get(TRACEBACK_ENV):
             raise
-        print(f"{command}: {error.filename}: {error.strerror or error}", file=sys.stderr)
+        print(f"{command}: {error.filename}: {_os_problem(error)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"{command}: interrupted; finished work is kept, rerun to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def _os_problem(error: OSError) -> str:
+    """The reason, in words that say what to do where the OS's alone would not."""
+    reason = error.strerror or str(error)
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (
+            f"{reason}: nothing was written there; what was finished before is kept (free some "
+            "space, then run the same command again: it resumes)"
+        )
+    if error.errno == errno.EEXIST:
+        return f"{reason} (a file is where a folder is needed; expected a folder, or a new path)"
+    if error.errno == errno.ENOTDIR:
+        return f"{reason} (a file is on the way where a folder is needed)"
+    return reason
 
 
 def _flush_or_discard_stdout() -> None:

@@ -6,6 +6,7 @@ over the target with ``os.replace`` (atomic on POSIX), and the folder entry is f
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -25,12 +26,25 @@ def fsync_dir(path: Path) -> None:
         os.close(descriptor)
 
 
+@contextlib.contextmanager
+def naming_write_errors(path: Path):
+    """An OSError without a file name (a write, flush or fsync that failed: a full disk, a
+    quota) raised again naming ``path``, and alone: closing the file fails the same way, and
+    the chain of both said no path twice."""
+    try:
+        yield
+    except OSError as error:
+        if error.filename is not None or error.errno is None:
+            raise
+        raise OSError(error.errno, os.strerror(error.errno), str(path)) from None
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` in one step: temp file beside it, fsync, ``os.replace``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(temporary, "wb") as handle:
+        with naming_write_errors(path), open(temporary, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
