@@ -241,6 +241,12 @@ def _short_run_models(run: Path, reference: Path) -> None:
         folder = run / "ar-arith" / f"seed-{seed}"
         shutil.copytree(REFERENCE / "ar-arith" / f"seed-{seed}", folder)
         _edit_json(folder / "checkpoint.json", lambda m: m["settings"].update(steps=60))
+    # a training log whose tenth record lost its loss
+    losses = run.parent / "log-broken" / "ar-arith" / "seed-0" / "losses.jsonl"
+    losses.parent.mkdir(parents=True)
+    records = [json.loads(line) for line in (REFERENCE / "ar-arith/seed-0/losses.jsonl").open()]
+    records[9].pop("loss")
+    losses.write_text("".join(json.dumps(record) + "\n" for record in records))
 
 
 DATA = Path(os.environ.get("SETDLM_DATA_DIR", REPO.parent / "shared" / "data"))
@@ -309,6 +315,7 @@ def _configs(root: Path, foreign: Path) -> None:
         "model-with-a-newline",
         lambda c: c["models"].update({"ar-arith\n": c["models"].pop("ar-arith")}),
     )
+    variant("window-a-billion", lambda c: c["models"]["setdlm-smax8-arith"].update(window=10**9))
     text = TINY.read_text()
     (root / "key-twice.yaml").write_text(text + "\nname: tiny-again\n")
     solve = text.index("  arithmetic-solve:")
@@ -338,6 +345,10 @@ DECODING = (
 TRAINING = f"check-training {REFERENCE} --baseline {{baselines}}/"
 
 GSM8K = f"eval gsm8k --model {REFERENCE}/ar-arith/seed-0 --out {{scratch}}/g --limit 1 --warmup 0"
+ARITHMETIC = (
+    f"eval arithmetic --model {REFERENCE}/{{model}}/seed-0 --out {{{{scratch}}}}/a "
+    "--generator arithmetic-4 --limit 2 --warmup 0"
+)
 TRAIN = "train --model ar-arith --seed 0 --out {scratch}/model --config {configs}/"
 
 CASES = [
@@ -646,6 +657,11 @@ CASES = [
         ("models: [1] is not of type 'object'",),
     ),
     Bad(
+        "training-log-without-a-loss",
+        f"check-training {{log-broken}} --baseline {COMMITTED}/training.json",
+        ("log-broken/ar-arith/seed-0/losses.jsonl: record 10: loss is None", "expected a number"),
+    ),
+    Bad(
         "speed-baseline-factor-zero",
         "check-speed --baseline {baselines}/speed-factor-zero.json",
         ("factor: 0 is less than the minimum of 1",),
@@ -686,17 +702,48 @@ CASES = [
         "ui --results {scratch}/r --host 192.0.2.1 --port 5433",  # TEST-NET-1: never local
         ("--host 192.0.2.1 --port 5433: cannot listen there",),
     ),
+    # ------------------------------------------------- 3. options the model contradicts
+    Bad(
+        "eval-window-a-billion",
+        ARITHMETIC.format(model="setdlm-smax8-arith") + " --window 1000000000",
+        ("--window", "'1000000000' is not an integer >= 1 and <= 32768"),
+    ),
+    Bad(
+        "eval-window-wider-than-the-model",
+        ARITHMETIC.format(model="setdlm-smax8-arith") + " --window 100",
+        ("--window 100: wider than the model length 64", "at most 64"),
+    ),
+    Bad(
+        "eval-another-generator-than-the-models",
+        ARITHMETIC.format(model="ar-arith").replace("arithmetic-4", "arithmetic-2"),
+        (
+            "--generator arithmetic-2",
+            "trained on arithmetic-4",
+            "expected --generator arithmetic-4",
+        ),
+    ),
+    Bad(
+        "likelihood-another-generator-than-the-models",
+        f"eval likelihood --model {REFERENCE}/ar-arith/seed-0 --out {{scratch}}/l "
+        "--data arithmetic --generator arithmetic-3 --limit 2",
+        ("--generator arithmetic-3", "trained on arithmetic-4"),
+    ),
+    Bad(
+        "config-window-a-billion",
+        TRAIN + "window-a-billion.yaml",
+        ("models.setdlm-smax8-arith.window", "<= 32768"),
+    ),
     # ---------------------------------------------------------------------------- 4. unclear
     Bad(
         "eval-out-a-file",
         f"eval arithmetic --model {REFERENCE}/ar-arith/seed-0 --out {{foreign}}/a-file.txt "
-        "--limit 1 --warmup 0 --max-new-tokens 26",
+        "--generator arithmetic-4 --limit 1 --warmup 0 --max-new-tokens 26",
         ("a-file.txt: File exists", "a file is where a folder is needed"),
     ),
     Bad(
         "eval-out-under-a-file",
         f"eval arithmetic --model {REFERENCE}/ar-arith/seed-0 --out {{foreign}}/a-file.txt/x "
-        "--limit 1 --warmup 0 --max-new-tokens 26",
+        "--generator arithmetic-4 --limit 1 --warmup 0 --max-new-tokens 26",
         ("a-file.txt/x: Not a directory", "a file is on the way"),
     ),
     Bad(
@@ -719,7 +766,7 @@ CASES = [
 
 def _paths(work: Path, scratch: Path) -> dict[str, str]:
     names = ("results", "tables", "foreign", "baselines", "configs", "short-run", "reference-copy")
-    names += ("mirrors", "stores")
+    names += ("mirrors", "stores", "log-broken")
     return {name: str(work / name) for name in names} | {"scratch": str(scratch)}
 
 

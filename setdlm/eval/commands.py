@@ -114,9 +114,42 @@ def decoding_option_errors(model, source: str, knobs: dict, policy: str | None =
     decode with the policy, the policy must have the knobs, and a block must tile its length
     (the rules a workflow configuration is checked by)."""
     family, length = model.config.family, model.config.length
-    return knob_errors(family, knobs, "--{flag}", source, policy) + block_errors(
-        knobs.get("block_size"), length, "--block-size"
+    window = knobs.get("window")
+    too_wide = (
+        []
+        if window is None or window <= length
+        else [f"--window {window}: wider than the model length {length}; expected at most {length}"]
     )
+    return (
+        knob_errors(family, knobs, "--{flag}", source, policy)
+        + block_errors(knobs.get("block_size"), length, "--block-size")
+        + too_wide
+    )
+
+
+def generator_errors(args: argparse.Namespace) -> list[str]:
+    """An arithmetic evaluation of a model trained here on another generator's problems (an
+    arithmetic-4 model scored on arithmetic-2): the workflow refuses it by its configuration,
+    and the command by the model's own record (checkpoint.json's training data)."""
+    from setdlm.tasks.arithmetic import GRAMMARS
+    from setdlm.tasks.arithmetic_task import training_problems
+
+    if args.task == "unconditional":
+        option, asked = "--references", getattr(args, "references", None)
+    elif args.task == "arithmetic" or getattr(args, "data", None) == "arithmetic":
+        option, asked = "--generator", getattr(args, "generator", None)
+    else:
+        return []
+    if asked not in GRAMMARS:
+        return []
+    trained = training_problems(args.model)
+    if trained is None or trained["generator"] == asked:
+        return []
+    return [
+        f"{option} {asked}: {args.model} was trained on {trained['generator']} problems (its "
+        f"checkpoint.json); an arithmetic evaluation judges a model with its own generator: "
+        f"expected {option} {trained['generator']}"
+    ]
 
 
 def tokenizer_option_errors(tokenizer, model) -> list[str]:
@@ -132,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
     if args.task != "likelihood":  # before the model loads: the options alone are wrong
         limit = getattr(args, "limit", None)  # unconditional has no limit
         raise_for(warmup_errors(args.warmup, limit, "--warmup", "--limit"))
+    raise_for(generator_errors(args))
     loaded = load_pretrained(args.model)
     model = loaded.model
     if args.task != "likelihood":

@@ -64,17 +64,28 @@ class TrainingCheckError(UserError, ValueError):
     """No training records where they were expected, or a baseline that cannot be used."""
 
 
-def _lines(path: Path) -> list[dict]:
+def _lines(path: Path, required: tuple[str, ...]) -> list[dict]:
+    """The JSON lines of a training log, each an object with a number under every key of
+    ``required``; else an error naming the file, the line and the key."""
     try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except (OSError, ValueError) as error:
         raise TrainingCheckError(f"{path}: cannot read it ({error})") from None
+    for number, line in enumerate(lines, start=1):
+        for key in required:
+            value = line.get(key) if isinstance(line, dict) else None
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise TrainingCheckError(
+                    f"{path}: record {number}: {key} is {value!r}; expected a number in each "
+                    "record (the log `setdlm train` writes)"
+                )
+    return lines
 
 
 def seed_metrics(folder: Path) -> dict[str, float]:
     """A trained model folder's checked metrics, from its losses.jsonl and learning_curve.jsonl
     (and under ``PROBE`` the number of problems its last probe solved)."""
-    losses = _lines(folder / "losses.jsonl")
+    losses = _lines(folder / "losses.jsonl", ("step", "loss"))
     if not losses:
         raise TrainingCheckError(f"{folder / 'losses.jsonl'}: no logged step")
     last = max(line["step"] for line in losses)
@@ -86,7 +97,7 @@ def seed_metrics(folder: Path) -> dict[str, float]:
             metrics[f"loss@{step}"] = statistics.fmean(window)
     curve = folder / CURVE_FILE
     if curve.is_file():
-        records = _lines(curve)
+        records = _lines(curve, ("accuracy",))
         if records:
             metrics["accuracy"] = float(records[-1]["accuracy"])
             metrics[PROBE] = records[-1].get("problems")
