@@ -109,6 +109,11 @@ def _broken_results(work: Path) -> None:
     )
     broken("seed-added", SOLVE, lambda point: shutil.copytree(point / "seed-1", point / "seed-2"))
     broken(
+        "seed-evaluated-again",  # the same quality, newer timings
+        SOLVE + "/seed-0",
+        metrics(lambda m: m["speed"].update(tokens_per_second_mean=1.5)),
+    )
+    broken(
         "seed-out-of-range",
         SOLVE + "/seed-0",
         metrics(lambda m: m["quality"]["strict_match"].update(value=1.7)),
@@ -543,6 +548,11 @@ CASES = [
         "tables-seed-added",
         TABLES + "seed-added --out {scratch}/t",
         (STALE, "seed-2 holds a result the aggregate leaves out"),
+    ),
+    Bad(
+        "figures-seed-evaluated-again",
+        "report figures " + RUN + "seed-evaluated-again --out {scratch}/f",
+        (STALE, "seed-0/metrics.json has speed.tokens_per_second_mean 1.5", "evaluated again"),
     ),
     Bad(
         "aggregate-seed-out-of-range",

@@ -248,6 +248,14 @@ def _seed_difference(entry: dict, seed: dict) -> str | None:
         now = now.get("value") if isinstance(now, dict) else now
         if not _same(now, value):
             return f"has quality.{name} {_shown(now)}, the aggregate recorded {_shown(value)}"
+    # a seed evaluated again since (the same quality, other timings): the means are stale
+    speed = seed.get("speed") if isinstance(seed.get("speed"), dict) else {}
+    for name, value in (entry.get("speed") or {}).items():
+        if not _same(speed.get(name), value):
+            return (
+                f"has speed.{name} {_shown(speed.get(name))}, the aggregate recorded "
+                f"{_shown(value)} (evaluated again since)"
+            )
     return None
 
 
