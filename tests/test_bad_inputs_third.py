@@ -334,6 +334,7 @@ def _foreign_folders(root: Path) -> None:
     (root / "mine").mkdir(parents=True)
     (root / "mine" / "arithmetic_pareto.md").write_text("# my own notes on the arithmetic runs\n")
     (root / "mine" / "gsm8k_pareto.md").write_text("# my GSM8K table, from the paper's code\n")
+    (root / "mine" / "learning_curves.md").write_text("# my notes on the learning curves\n")
     (root / "mine" / "arithmetic-solve_pareto.png").write_bytes(b"\x89PNG my own figure")
     (root / "a-file.txt").write_text("not a folder\n")
 
@@ -507,6 +508,11 @@ CASES = [
         "figures-over-a-users-file",
         "report figures " + RUN + "done --out {foreign}/mine --only arithmetic-solve",
         ("mine/arithmetic-solve_pareto.png", "not written by this command"),
+    ),
+    Bad(
+        "curves-over-a-users-file",
+        f"report curves {REFERENCE} --tables {{foreign}}/mine --figures {{scratch}}/f",
+        ("mine/learning_curves.md", "not written by this command", "--tables"),
     ),
     # ----------------------------------------------------------------- 3. stale aggregates
     Bad(

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from setdlm.report.table import Column, Table, to_csv, to_markdown
+from setdlm.util import owned_files
 from setdlm.util.errors import UserError
 from setdlm.util.files import atomic_write_bytes, atomic_write_text
 
@@ -260,12 +261,21 @@ def write_curves(models: str | Path, tables: str | Path, figures: str | Path) ->
     summary, points = curves_tables(curves)
     tables, figures = Path(tables), Path(figures)
     source = Path(models).resolve().parent.name
+    texts = {
+        f"{table.key}.{suffix}": text
+        for table in (summary, points)
+        for suffix, text in (("md", to_markdown(table, source)), ("csv", to_csv(table)))
+    }
+    # only files this command wrote there for this run are replaced (setdlm/util/owned_files.py)
+    owner = f"run {source}"
+    owned_files.claim(tables, texts, owner, flag="--tables")
+    owned_files.claim(figures, [f"{STEM}.png"], owner, flag="--figures")
     written = []
-    for table in (summary, points):
-        for suffix, text in (("md", to_markdown(table, source)), ("csv", to_csv(table))):
-            path = tables / f"{table.key}.{suffix}"
-            atomic_write_text(path, text)
-            written.append(path)
+    for name, text in texts.items():
+        atomic_write_text(tables / name, text)
+        written.append(tables / name)
+    owned_files.record(tables, written, owner)
     path = figures / f"{STEM}.png"
     atomic_write_bytes(path, curves_figure(curves, f"Learning curves ({source})"))
+    owned_files.record(figures, [path], owner)
     return [*written, path]
