@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 
-.PHONY: install run check reference reference-models test test-fast test-e2e lint bench clean
+.PHONY: install run check reference reference-models test test-fast test-e2e lint bench bench-workflow clean
 
 install: $(STAMP)
 
@@ -92,6 +92,11 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/setdlm bench decode
+
+# The default's workflow from nothing in a scratch folder (the reference models copied), then
+# where its time went: seconds per stage, job and point (setdlm/recipes/bench_workflow.py).
+bench-workflow: $(STAMP)
+	$(BIN)/setdlm bench workflow --fresh
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -14,8 +15,9 @@ from setdlm.eval.records import SampleLog, example_seed
 from setdlm.eval.runner import Example, RunSettings, Task, run_evaluation
 from setdlm.report.compare import RUN_FIELDS
 
-# how a run went (the comparison's own list), and whether a sample was a warm-up one
-TIMING_FIELDS = RUN_FIELDS | {"warmup"}
+# how a run went (the comparison's own list), whether a sample was a warm-up one and whether
+# it was timed for speed
+TIMING_FIELDS = RUN_FIELDS | {"warmup", "timed"}
 
 
 class Continuation(Task):
@@ -187,6 +189,110 @@ def test_a_continuous_run_that_is_killed_resumes_to_the_same_samples(random_tiny
     )
     assert _outputs(tmp_path / "killed") == _outputs(tmp_path / "straight")
     assert resumed["quality"] == straight["quality"]
+
+
+@pytest.mark.parametrize("family", ["mdlm", "bd3lm", "setdlm"])
+def test_a_speed_subset_times_batch_1_and_counts_every_example_as_batch_1_would(
+    random_tiny, tmp_path, family
+):
+    """The warm-up and the next ``timed_examples`` examples are decoded one at a time and
+    timed; the rest in batches, untimed: their tokens, NFE and parallelism are batch 1's."""
+    model, tokenizer = _load(random_tiny, family)
+    task = Continuation(count=9)
+    one = run_evaluation(task, model, tokenizer, SAMPLED, tmp_path / "one")
+    settings = RunSettings(batch_size=4, warmup_examples=1, timed_examples=3)
+    subset = run_evaluation(task, model, tokenizer, SAMPLED, tmp_path / "subset", settings)
+    assert _outputs(tmp_path / "subset") == _outputs(tmp_path / "one")
+    assert subset["quality"] == one["quality"]
+    records = list(SampleLog(tmp_path / "subset" / "samples.jsonl").load().values())
+    assert [r["warmup"] for r in records] == [True] + [False] * 8
+    assert [r["timed"] for r in records] == [False, True, True, True] + [False] * 5
+    assert [r["batch_size"] for r in records] == [1, 1, 1, 1, 4, 4, 4, 4, 1]
+    counted = ("generated_tokens", "nfe_mean", "nfe_total", "parallelism_mean")
+    assert {k: subset["speed"][k] for k in counted} == {k: one["speed"][k] for k in counted}
+    speed = subset["speed"]
+    assert (speed["timed_examples"], speed["counted_examples"]) == (3, 8)
+    timed = records[1:4]
+    assert speed["tokens_per_second_mean"] == pytest.approx(
+        sum(r["generated_tokens"] / r["latency_seconds"] for r in timed) / 3
+    )
+    assert speed["protocol"].startswith("batch 1: ")
+    assert "timed on 3 of the 8 examples after the warm-up" in speed["protocol"]
+
+
+def test_a_run_with_a_speed_subset_that_is_killed_resumes_to_the_same_results(
+    random_tiny, tmp_path
+):
+    model, tokenizer = _load(random_tiny, "setdlm")
+    settings = RunSettings(batch_size=3, timed_examples=2)
+    straight = run_evaluation(
+        Continuation(count=8), model, tokenizer, SAMPLED, tmp_path / "straight", settings
+    )
+    with pytest.raises(KeyboardInterrupt):  # dies in its first batch after the timed ones
+        run_evaluation(
+            Continuation(count=8, fail_after=4),
+            model,
+            tokenizer,
+            SAMPLED,
+            tmp_path / "killed",
+            settings,
+        )
+    resumed = run_evaluation(
+        Continuation(count=8), model, tokenizer, SAMPLED, tmp_path / "killed", settings
+    )
+    assert _outputs(tmp_path / "killed") == _outputs(tmp_path / "straight")
+    counted = ("timed_examples", "counted_examples", "nfe_total", "parallelism_mean")
+    assert {k: resumed["speed"][k] for k in counted} == {k: straight["speed"][k] for k in counted}
+
+
+@pytest.mark.parametrize("timed_examples", [None, 2])
+def test_a_point_in_shards_merges_to_the_samples_and_quality_of_one_run(
+    random_tiny, tmp_path, timed_examples
+):
+    """Three shards (contiguous slices), each decoded by itself, merged: the samples of the
+    whole run in its order, its quality and counted speed exactly; each shard warms up on its
+    own first timed example (the task's warm-up example is shard 0's)."""
+    from setdlm.eval.runner import merge_shards
+
+    model, tokenizer = _load(random_tiny, "setdlm")
+    task = Continuation(count=8)
+    settings = RunSettings(batch_size=2, timed_examples=timed_examples)
+    whole = run_evaluation(task, model, tokenizer, SAMPLED, tmp_path / "whole", settings)
+    shards = [tmp_path / "point" / "shards" / f"{index}-of-3" for index in range(3)]
+    for index, folder in enumerate(shards):
+        sliced = dataclasses.replace(settings, shard=(index, 3))
+        marker = run_evaluation(task, model, tokenizer, SAMPLED, folder, sliced)
+        assert marker["shard"] == [index, 3] and not (folder / "metrics.json").exists()
+    assert [len(SampleLog(f / "samples.jsonl").load()) for f in shards] == [2, 3, 3]
+    assert merge_shards(tmp_path / "point", shards) == 8
+    merged = run_evaluation(task, model, tokenizer, SAMPLED, tmp_path / "point", settings)
+    assert _outputs(tmp_path / "point") == _outputs(tmp_path / "whole")
+    def order(folder):
+        return [json.loads(line)["id"] for line in (folder / "samples.jsonl").open()]
+
+    assert order(tmp_path / "point") == order(tmp_path / "whole")
+    assert json.dumps(merged["quality"]) == json.dumps(whole["quality"])
+    assert merged["config_hash"] == whole["config_hash"]
+    counted = ("timed_examples", "counted_examples", "nfe_total", "parallelism_mean")
+    assert {k: merged["speed"][k] for k in counted} == {k: whole["speed"][k] for k in counted}
+
+
+def test_shards_of_two_configurations_are_not_merged(random_tiny, tmp_path):
+    from setdlm.eval.runner import ResultFolderTaken, merge_shards
+
+    model, tokenizer = _load(random_tiny, "ar")
+    shards = [tmp_path / "shards" / f"{index}-of-2" for index in range(2)]
+    for index, (folder, config) in enumerate(zip(shards, [SAMPLED, DecodeConfig()], strict=True)):
+        run_evaluation(
+            Continuation(count=4), model, tokenizer, config, folder, RunSettings(shard=(index, 2))
+        )
+    with pytest.raises(ResultFolderTaken, match="several configurations"):
+        merge_shards(tmp_path / "point", shards)
+
+
+def test_a_speed_subset_needs_at_least_one_timed_example():
+    with pytest.raises(ValueError, match="timed_examples must be at least 1"):
+        RunSettings(timed_examples=0)
 
 
 def test_batching_must_be_static_or_continuous():

@@ -37,7 +37,7 @@ from setdlm.tasks.unconditional import (
 )
 
 # how a run went (the comparison's own list), and whether a sample was a warm-up one
-TIMING = RUN_FIELDS | {"warmup"}
+TIMING = RUN_FIELDS | {"warmup", "timed"}
 # Tiny samples are 63 tokens of a 512-token vocabulary: the paper's thresholds (4 nats, more
 # than 50 tokens, windows of 128) would reject or ignore everything, so they are scaled down.
 TINY_GENERATION = GenerationSettings(
@@ -200,6 +200,22 @@ def test_a_killed_run_resumes_to_the_same_results(random_tiny, scorers, tmp_path
         task, model, tokenizer, DecodeConfig(), tmp_path / "c", RunSettings(batch_size=3)
     )
     assert _samples(tmp_path / "c") == _samples(tmp_path / "a")
+    # And a speed subset: the warm-up and two samples one at a time (timed), the rest in
+    # batches of three (untimed), with the counted speed of batch 1.
+    subset = run_unconditional(
+        task,
+        model,
+        tokenizer,
+        DecodeConfig(),
+        tmp_path / "s",
+        RunSettings(batch_size=3, timed_examples=2),
+    )
+    assert _samples(tmp_path / "s") == _samples(tmp_path / "a")
+    records = list(SampleLog(tmp_path / "s" / "samples.jsonl").load().values())
+    assert [r["timed"] for r in records][:3] == [False, True, True]
+    assert not any(r["timed"] for r in records[3:])
+    assert subset["speed"]["timed_examples"] == 2
+    assert subset["speed"]["nfe_total"] == straight["speed"]["nfe_total"]
 
     # So does a pool of three slots (rejected rows regenerated through a pool), killed while
     # it saves its third finished sample and resumed.

@@ -1,4 +1,4 @@
-"""``setdlm bench``: ``real-size``, ``gpu`` and ``decode``."""
+"""``setdlm bench``: ``real-size``, ``gpu``, ``decode`` and ``workflow``."""
 
 from __future__ import annotations
 
@@ -205,4 +205,41 @@ DECODE = Command(
     _decode,
 )
 
-BENCH = group("bench", "benchmarks", "bench", (REAL_SIZE, GPU, DECODE))
+def _add_workflow_arguments(parser) -> None:
+    parser.add_argument(
+        "run",
+        nargs="?",
+        default="results/runs/tiny",
+        help="a workflow run folder (default: the default's, results/runs/tiny)",
+    )
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="first run the default (all_tables) from nothing into a scratch results folder, "
+        "the reference models copied, and summarize that run",
+    )
+    parser.add_argument(
+        "--work",
+        type=output_path,
+        default=None,
+        help="with --fresh: the scratch folder (its results/ is replaced; default: a new "
+        "temporary folder)",
+    )
+    parser.add_argument("--cores", type=THREADS, default=None, help="with --fresh: cores to use")
+
+
+def _workflow(args) -> int:
+    from setdlm.recipes.bench_workflow import main
+
+    return main(args)
+
+
+WORKFLOW = Command(
+    "workflow",
+    "where a workflow run's time went: seconds per stage, job and point (--fresh: a new run "
+    "of the default first)",
+    _add_workflow_arguments,
+    _workflow,
+)
+
+BENCH = group("bench", "benchmarks", "bench", (REAL_SIZE, GPU, DECODE, WORKFLOW))

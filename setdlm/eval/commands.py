@@ -100,6 +100,15 @@ def _add_decoding_options(parser) -> None:
     parser.add_argument("--window", type=WINDOW, default=None, help="SetDLM W")
     parser.add_argument("--block-size", type=BLOCK_SIZE, default=None, help="decoding block")
     parser.add_argument(
+        "--shard",
+        type=shard_option,
+        default=None,
+        metavar="I/N",
+        help="decode only the I-th (from 0) of N contiguous slices of the examples, into a "
+        "shard folder (shard.json, no metrics); the workflow merges the N shards of a point "
+        "into its samples and metrics",
+    )
+    parser.add_argument(
         "--stop-cadence",
         choices=("exact", "official"),
         default=None,
@@ -107,6 +116,20 @@ def _add_decoding_options(parser) -> None:
         "the stop) or official (when the official sampler checks, keeping what it keeps); "
         "default: official for a published checkpoint, else exact",
     )
+
+
+def shard_option(text: str) -> tuple[int, int]:
+    """``--shard I/N``: the I-th (from 0) of N slices."""
+    index, _, count = text.partition("/")
+    try:
+        shard = (int(index), int(count))
+    except ValueError:
+        shard = None
+    if shard is None or not 0 <= shard[0] < shard[1]:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected I/N with N at least 1 and 0 <= I < N (e.g. 0/4)"
+        )
+    return shard
 
 
 def decoding_option_errors(model, source: str, knobs: dict, policy: str | None = None):
@@ -198,7 +221,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     batching = resolve_batching(getattr(args, "batching", "static"), model.device, args.batch_size)
     settings = RunSettings(
-        seed=args.seed, batch_size=args.batch_size, warmup_examples=args.warmup, batching=batching
+        seed=args.seed,
+        batch_size=args.batch_size,
+        warmup_examples=args.warmup,
+        batching=batching,
+        timed_examples=args.timed_examples,
+        shard=args.shard,
     )
     sweep = len(args.threshold) > 1
     # a policy other than the family's own names its points (the workflow's layout)
@@ -206,6 +234,10 @@ def run(args: argparse.Namespace) -> int:
     for threshold in args.threshold:
         out = args.out / point_name(threshold, named) if sweep else args.out
         metrics = _run_point(args, loaded, tokenizer, threshold, out, settings)
+        if settings.shard is not None:  # a slice of the examples: no quality of its own
+            index, count = settings.shard
+            print(f"{out}: shard {index}/{count}, {len(metrics['examples'])} examples")
+            continue
         print(
             json.dumps(
                 {

@@ -40,7 +40,7 @@ def software_versions() -> dict[str, str]:
 def hardware(device: torch.device | None = None) -> dict:
     info = {
         "machine": platform.machine(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
@@ -53,7 +53,7 @@ def hardware(device: torch.device | None = None) -> dict:
     return info
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

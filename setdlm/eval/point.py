@@ -36,7 +36,8 @@ def evaluate(task, decode: DecodeConfig, args, loaded, tokenizer, out: Path, set
     metrics = run_evaluation(
         task, model, tokenizer, decode, out, settings, model_source=loaded.source(args.model)
     )
-    if getattr(args, "paper_throughput", 0):  # the tasks with a paper speed protocol
+    # the tasks with a paper speed protocol; a shard's point times it once merged
+    if getattr(args, "paper_throughput", 0) and settings.shard is None:
         from setdlm.eval.throughput import paper_throughput
 
         paper_throughput(

@@ -30,7 +30,7 @@ from setdlm.eval.timing import (
     synchronized_timer,
 )
 from setdlm.util.errors import DataError, UserError
-from setdlm.util.files import atomic_write_json
+from setdlm.util.files import atomic_write_json, atomic_write_text
 from setdlm.util.progress import progress_bar
 from setdlm.util.validation import raise_for, warmup_errors
 
@@ -101,14 +101,24 @@ class RunSettings:
     # is done; "continuous": a pool of batch_size slots over all the examples of one budget,
     # where a finished example's slot takes the next one (core/decoding/pool.py).
     batching: str = "static"
+    # The speed subset: the warm-up and then this many examples are decoded one at a time, and
+    # only those are timed (the paper's batch-1 protocol); the others are decoded in batches of
+    # batch_size, counted (NFE, parallelism, tokens) but not timed. Per-example seeds make
+    # their tokens those of batch 1. None: every example after the warm-up is timed, decoded
+    # at batch_size.
+    timed_examples: int | None = None
+    # (index, count): decode only the index-th of count contiguous slices of the examples, into
+    # a shard folder (shard.json, no metrics): one point spread over several jobs, merged by
+    # ``merge_shards`` into the samples the whole run would have written. None: every example.
+    shard: tuple[int, int] | None = None
 
     def __post_init__(self):
         if self.batching not in BATCHING:
             raise ValueError(f"batching must be one of {BATCHING}, got {self.batching!r}")
-
-    @property
-    def continuous(self) -> bool:
-        return pooled(self.batching, self.batch_size)
+        if self.timed_examples is not None and self.timed_examples < 1:
+            raise ValueError(f"timed_examples must be at least 1, got {self.timed_examples}")
+        if self.shard is not None and not 0 <= self.shard[0] < self.shard[1]:
+            raise ValueError(f"shard must be (index, count) with 0 <= index < count: {self.shard}")
 
 
 def pooled(batching: str, batch_size: int) -> bool:
@@ -129,6 +139,76 @@ def generation_identity(
         "decode": decode.to_dict(),
         "seed": seed,
     }
+
+
+# ---------------------------------------------------------------------------------- shards
+SHARD_MARKER = "shard.json"
+
+
+def shard_examples(examples: list, shard: tuple[int, int] | None) -> list:
+    """The ``index``-th of ``count`` contiguous slices of the examples (all of them for None):
+    in task order, so that the shards' samples, one after the other, are the task's."""
+    if shard is None:
+        return examples
+    index, count = shard
+    return examples[index * len(examples) // count : (index + 1) * len(examples) // count]
+
+
+def finish_shard(mine: list, log, out_dir: Path, digest: str, shard: tuple[int, int]) -> dict:
+    """``shard.json`` once every example of the shard is in its log, exactly these."""
+    records = log.load()
+    wanted = [e.id for e in mine]
+    missing = [i for i in wanted if i not in records]
+    if missing:
+        raise RuntimeError(f"{out_dir}: {len(missing)} example(s) missing, e.g. {missing[:3]}")
+    strays = sorted(set(records) - set(wanted))
+    if strays:
+        raise RuntimeError(f"{out_dir}: samples of other shards, e.g. {strays[:3]}")
+    marker = {"config_hash": digest, "shard": list(shard), "examples": wanted}
+    atomic_write_json(out_dir / SHARD_MARKER, marker)
+    return marker
+
+
+def merge_shards(out_dir: Path, shard_dirs: list[Path]) -> int:
+    """The samples of a point's finished shards (in shard order) as ``out_dir``'s own
+    samples.jsonl and run.json: then ``run_evaluation`` on ``out_dir`` decodes nothing and
+    writes the point's metrics, as it does for a run that was interrupted after its last
+    example. Every shard must be of one configuration and the shards together every slice of
+    it once. Returns the number of samples."""
+    markers = [_folder_json(folder / SHARD_MARKER) for folder in shard_dirs]
+    digests = {marker["config_hash"] for marker in markers}
+    if len(digests) != 1:
+        raise ResultFolderTaken(
+            f"{out_dir}: its shards are of several configurations ({sorted(digests)}); rerun them"
+        )
+    slices = [tuple(marker["shard"]) for marker in markers]
+    count = len(shard_dirs)
+    if slices != [(index, count) for index in range(count)]:
+        raise ResultFolderTaken(
+            f"{out_dir}: shards {slices} are not the slices 0..{count - 1} of {count}"
+        )
+    lines = []
+    for folder, marker in zip(shard_dirs, markers, strict=True):
+        records = SampleLog(folder / "samples.jsonl").load()
+        lines += [records[example_id] for example_id in marker["examples"]]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in lines)
+    atomic_write_text(out_dir / "samples.jsonl", text)
+    atomic_write_json(out_dir / "run.json", _folder_json(shard_dirs[0] / "run.json"))
+    return len(lines)
+
+
+def finished_result(out_dir: Path, digest: str, shard: tuple[int, int] | None) -> dict | None:
+    """The finished result of configuration ``digest`` in ``out_dir``: its metrics.json, or
+    for a shard its shard.json."""
+    if shard is None:
+        return finished_metrics(out_dir, digest)
+    marker = out_dir / SHARD_MARKER
+    if marker.exists():
+        finished = _folder_json(marker)
+        if finished["config_hash"] == digest and finished.get("shard") == list(shard):
+            return finished
+    return None
 
 
 def finished_metrics(out_dir: Path, digest: str) -> dict | None:
@@ -173,7 +253,7 @@ def run_evaluation(
         task.name, task.settings(), model, model_source, decode, settings.seed
     )
     digest = config_hash(identity)
-    finished = finished_metrics(out_dir, digest)
+    finished = finished_result(out_dir, digest, settings.shard)
     if finished is not None:
         return finished
     examples = task.examples(tokenizer, model)
@@ -181,15 +261,16 @@ def run_evaluation(
     claim_folder(out_dir, identity, digest)
     log = SampleLog(out_dir / "samples.jsonl")
     done = log.load()
-    pending = [example for example in examples if example.id not in done]
+    mine = shard_examples(examples, settings.shard)
+    pending = [example for example in mine if example.id not in done]
     device = model.device
     reset_peak_memory(device)
-    batches, warm_ids, rewarm = scheduled_batches(examples, pending, settings)
-    if rewarm:  # untimed, discarded
-        _decode(model, batches[0][: settings.batch_size], decode, settings, tokenizer)
-    bar = progress_bar(len(examples), f"{task.name} {out_dir.name}", len(examples) - len(pending))
+    schedule = scheduled_batches(examples, pending, settings)
+    if schedule.rewarm:  # untimed, discarded
+        _decode(model, schedule.rewarm, decode, settings, tokenizer, pooled=False)
+    bar = progress_bar(len(mine), f"{task.name} {out_dir.name}", len(mine) - len(pending))
 
-    def save(example: Example, output, row: int, size: int, timing: dict) -> None:
+    def save(example: Example, output, row: int, size: int, timing: dict, timed: bool) -> None:
         text = task.output_text(example, output.new_token_ids[row], tokenizer)
         log.append(
             {
@@ -200,30 +281,40 @@ def run_evaluation(
                 "output_ids": output.new_token_ids[row],
                 "scores": task.score(example, text),
                 **decoding_fields(output, row, size, **timing),
-                "warmup": example.id in warm_ids,
+                "warmup": example.id in schedule.warm_ids,
+                "timed": timed,
                 **sample_provenance(),
             }
         )
         bar.update(1)
 
-    for batch in batches:
-        if settings.continuous:  # each example is saved as soon as it leaves the pool
+    for batch in schedule.batches:
+        if batch.pooled:  # each example is saved as soon as it leaves the pool
             _decode(
                 model,
-                batch,
+                batch.examples,
                 decode,
                 settings,
                 tokenizer,
+                pooled=True,
                 on_finished=lambda i, one, batch=batch: save(
-                    batch[i], one, 0, settings.batch_size, {"batching": "continuous"}
+                    batch.examples[i],
+                    one,
+                    0,
+                    settings.batch_size,
+                    {"batching": "continuous"},
+                    batch.timed,
                 ),
             )
             continue
         with synchronized_timer(device) as elapsed:
-            output = _decode(model, batch, decode, settings, tokenizer)
-        for row, example in enumerate(batch):
-            save(example, output, row, len(batch), {"call_seconds": elapsed["seconds"]})
+            output = _decode(model, batch.examples, decode, settings, tokenizer, pooled=False)
+        for row, example in enumerate(batch.examples):
+            timing = {"call_seconds": elapsed["seconds"]}
+            save(example, output, row, len(batch.examples), timing, batch.timed)
     bar.close()
+    if settings.shard is not None:
+        return finish_shard(mine, log, out_dir, digest, settings.shard)
     return finish_run(task, examples, log, out_dir, identity, digest, settings, device)
 
 
@@ -272,33 +363,77 @@ def finish_run(
     return json.loads(metrics_path.read_text())  # what a later call reads back, exactly
 
 
-def scheduled_batches(
-    examples: list, pending: list, settings: RunSettings
-) -> tuple[list[list], set[str], bool]:
-    """The batches still to decode, the warm-up ids, and whether to warm up first.
+@dataclass(frozen=True)
+class Batch:
+    """Examples decoded together: one static batch, or all of them through the pool."""
+
+    examples: list[Example]
+    timed: bool  # its time is speed the metrics report (not a warm-up, not outside the subset)
+    pooled: bool = False  # through the continuous-batching pool of batch_size slots
+
+
+@dataclass(frozen=True)
+class Schedule:
+    batches: list[Batch]
+    warm_ids: set[str]
+    # Decoded once before the batches, untimed and discarded: a process that resumes past the
+    # warm-up warms up on the first example it will time.
+    rewarm: list[Example]
+
+
+def scheduled_batches(examples: list, pending: list, settings: RunSettings) -> Schedule:
+    """The batches still to decode, in order: the warm-up, the timed examples, the rest.
 
     Warm-up is a property of the examples: the first ``warmup_examples`` of the task, decoded
     in batches of their own (untimed), whichever process decodes them. A process that resumes
-    past them has to warm up by decoding its first batch once, untimed and discarded (the
-    same seeds give the same tokens), so that its timed examples, NFE and token counts are
-    those of an undisturbed run.
+    past them warms up by decoding its first timed batch once, untimed and discarded (the same
+    seeds give the same tokens), so that its timed examples are timed as an undisturbed run's.
+
+    With a speed subset (``settings.timed_examples``), the warm-up and the next
+    ``timed_examples`` examples are decoded one at a time, the paper's batch-1 protocol, and
+    the rest in batches of ``batch_size`` (or the pool), untimed. Without one, every example is
+    decoded at ``batch_size`` and all but the warm-up are timed.
     """
     warm_ids = {example.id for example in examples[: settings.warmup_examples]}
-    size = None if settings.continuous else settings.batch_size  # a pool takes them all
-    warm = list(_batches([e for e in pending if e.id in warm_ids], size))
-    timed = list(_batches([e for e in pending if e.id not in warm_ids], size))
-    return warm + timed, warm_ids, bool(timed) and not warm
+    subset = settings.timed_examples
+    after_warmup = [e.id for e in examples[settings.warmup_examples :]]
+    timed_ids = set(after_warmup if subset is None else after_warmup[:subset])
+    # the warm-up and the timed examples: one at a time with a subset, else as all the others
+    size = 1 if subset is not None else settings.batch_size
+    pooled = pooled_run(settings) and subset is None
+    warm = [e for e in pending if e.id in warm_ids]
+    timed = [e for e in pending if e.id in timed_ids]
+    rest = [e for e in pending if e.id not in warm_ids and e.id not in timed_ids]
+    batches = [Batch(group, False, pooled) for group in _batches(warm, None if pooled else size)]
+    batches += [Batch(group, True, pooled) for group in _batches(timed, None if pooled else size)]
+    rest_pooled = pooled_run(settings)
+    rest_size = None if rest_pooled else settings.batch_size
+    batches += [Batch(group, False, rest_pooled) for group in _batches(rest, rest_size)]
+    first_timed = next((b for b in batches if b.timed), None)
+    rewarm = [] if warm or first_timed is None else first_timed.examples[:size]
+    return Schedule(batches, warm_ids, rewarm)
+
+
+def pooled_run(settings: RunSettings) -> bool:
+    """Whether the examples that are decoded together go through the continuous pool."""
+    return pooled(settings.batching, settings.batch_size)
 
 
 def _decode(
-    model, batch: list[Example], decode: DecodeConfig, settings: RunSettings, tokenizer, **pool
+    model,
+    batch: list[Example],
+    decode: DecodeConfig,
+    settings: RunSettings,
+    tokenizer,
+    pooled: bool,
+    **pool,
 ):
-    """Decode ``batch``: as one static batch, or through a pool of ``settings.batch_size``
-    slots (``pool`` then holds its ``on_finished``)."""
+    """Decode ``batch``: as one static batch, or (``pooled``) through a pool of
+    ``settings.batch_size`` slots (``pool`` then holds its ``on_finished``)."""
     seeds = [example_seed(settings.seed, example.id) for example in batch]
     budget = batch[0].max_new_tokens
     config = decode if budget is None else decode.replace(max_new_tokens=budget)
-    if settings.continuous:
+    if pooled:
         pool["batch_size"] = settings.batch_size
     return model.generate(
         [e.input_ids for e in batch], config, seeds=seeds, tokenizer=tokenizer, **pool
@@ -347,7 +482,7 @@ def claim_folder(out_dir: Path, identity: dict, digest: str) -> None:
 
 
 # What an evaluation writes beside run.json, its claim on the folder.
-FOLDER_RESULT_FILES = ("samples.jsonl", "metrics.json", "throughput.json")
+FOLDER_RESULT_FILES = ("samples.jsonl", "metrics.json", "throughput.json", SHARD_MARKER)
 
 
 def utc_now() -> str:

@@ -223,16 +223,19 @@ def main(argv: list[str]) -> int:
 
     parser = ArgumentParser(
         prog="setdlm aggregate",
-        description="Aggregate a point's seed-<k>/ results into its metrics.json (mean over "
+        description="Aggregate each point's seed-<k>/ results into its metrics.json (mean over "
         "seeds, two-level bootstrap interval, per-seed values).",
     )
-    parser.add_argument("point", type=Path, help="a point folder holding seed-<k>/ results")
-    args = parser.parse_args(argv)
-    metrics = aggregate(args.point)
-    names = ", ".join(
-        f"{name} {entry['value']:.4g}"
-        for name, entry in metrics["quality"].items()
-        if isinstance(entry, dict) and _number(entry.get("value"))
+    parser.add_argument(
+        "points", type=Path, nargs="+", help="point folders, each holding seed-<k>/ results"
     )
-    print(f"{args.point}: {len(metrics['seeds'])} seeds; {names}")
+    args = parser.parse_args(argv)
+    for point in args.points:
+        metrics = aggregate(point)
+        names = ", ".join(
+            f"{name} {entry['value']:.4g}"
+            for name, entry in metrics["quality"].items()
+            if isinstance(entry, dict) and _number(entry.get("value"))
+        )
+        print(f"{point}: {len(metrics['seeds'])} seeds; {names}")
     return 0

@@ -3,10 +3,12 @@
 Each example's record carries its generated tokens (counted up to the stop point, the same way
 for every family), ``latency_seconds`` (the wall time of the decoding call that produced it,
 the device synchronized before and after), ``seconds`` (its share of that call: latency over
-the batch size), its counted NFE and parallelism, and whether it was a warm-up example. The
-summary excludes warm-up examples and reports aggregate tokens/s (total tokens / total
-seconds), the mean of per-example tokens/s (tokens / latency; the paper's number at batch 1),
-latency percentiles, NFE and parallelism.
+the batch size), its counted NFE and parallelism, whether it was a warm-up example and whether
+it was timed for speed (a run with a speed subset times only the examples it decodes one at a
+time). The summary excludes warm-up examples: counted speed (NFE, parallelism, tokens) is over
+all the others, and timed speed over the timed ones: aggregate tokens/s (total tokens / total
+seconds), the mean of per-example tokens/s (tokens / latency; the paper's number at batch 1)
+and latency percentiles.
 """
 
 from __future__ import annotations
@@ -92,35 +94,47 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def summarize_speed(records: list[dict]) -> dict:
-    """Speed metrics over the timed (non-warm-up) records."""
-    timed = [r for r in records if not r.get("warmup")]
-    if not timed:
+    """Speed metrics: the counted ones (NFE, parallelism, tokens) over every example but the
+    warm-up, the timed ones (tokens/s, latency) over the examples timed for speed, which are
+    all of those unless the run timed a subset (records marked ``"timed": false``; records
+    written before the mark existed were all timed)."""
+    counted = [r for r in records if not r.get("warmup")]
+    if not counted:
         return {"timed_examples": 0}
+    timed = [r for r in counted if r.get("timed", True)]
     seconds = [r["seconds"] for r in timed]
     latency = [r["latency_seconds"] for r in timed]
-    tokens = [r["generated_tokens"] for r in timed]
-    per_example = [t / s for t, s in zip(tokens, latency, strict=True) if s > 0]
+    timed_tokens = [r["generated_tokens"] for r in timed]
+    per_example = [t / s for t, s in zip(timed_tokens, latency, strict=True) if s > 0]
+    tokens = [r["generated_tokens"] for r in counted]
     # records written before positions were counted have none: the metric is then absent
-    positions = [r.get("positions_evaluated") for r in timed]
+    positions = [r.get("positions_evaluated") for r in counted]
     per_token = None
     if None not in positions and sum(tokens):
         per_token = sum(positions) / sum(tokens)
+    protocol = speed_protocol(timed) if timed else "not timed"
+    if timed and len(timed) < len(counted):
+        protocol += (
+            f"; timed on {len(timed)} of the {len(counted)} examples after the warm-up (the "
+            "first ones), the others decoded in batches: counted (NFE, parallelism), not timed"
+        )
     return {
-        "protocol": speed_protocol(timed),
+        "protocol": protocol,
         "timed_examples": len(timed),
-        "warmup_examples": len(records) - len(timed),
+        "counted_examples": len(counted),
+        "warmup_examples": len(records) - len(counted),
         "generated_tokens": sum(tokens),
-        "tokens_per_second_aggregate": sum(tokens) / sum(seconds) if sum(seconds) else 0.0,
+        "tokens_per_second_aggregate": sum(timed_tokens) / sum(seconds) if sum(seconds) else 0.0,
         "tokens_per_second_mean": statistics.mean(per_example) if per_example else 0.0,
         "tokens_per_second_std": statistics.pstdev(per_example) if per_example else 0.0,
         "tokens_per_second_min": min(per_example, default=0.0),
         "tokens_per_second_median": statistics.median(per_example) if per_example else 0.0,
         "tokens_per_second_max": max(per_example, default=0.0),
-        "latency_seconds_p50": _percentile(latency, 0.50),
-        "latency_seconds_p95": _percentile(latency, 0.95),
-        "nfe_mean": statistics.mean(r["nfe"] for r in timed),
-        "nfe_total": sum(r["nfe"] for r in timed),
-        "parallelism_mean": statistics.mean(r["parallelism"] for r in timed),
+        "latency_seconds_p50": _percentile(latency, 0.50) if latency else 0.0,
+        "latency_seconds_p95": _percentile(latency, 0.95) if latency else 0.0,
+        "nfe_mean": statistics.mean(r["nfe"] for r in counted),
+        "nfe_total": sum(r["nfe"] for r in counted),
+        "parallelism_mean": statistics.mean(r["parallelism"] for r in counted),
         # backbone positions computed per generated token: 1 for AR with a cache, more for
         # families that recompute or predict positions they do not commit
         "positions_per_token": per_token,

@@ -112,13 +112,21 @@ def _with_option(args: list[str], option: str, value) -> None:
         args += [option, str(value)]
 
 
+def _without_option(args: list[str], option: str) -> None:
+    """Remove ``option`` and its value from an argument list, where it is there."""
+    if option in args:
+        del args[args.index(option) : args.index(option) + 2]
+
+
 def _replaced(
     args: tuple[str, ...], model_dir: Path, out: Path, limit: int | None, batch_size: int
 ) -> list[str]:
     """An evaluation's arguments with another model folder, output folder, example count and
     batch size (static batches, so that the tokens do not depend on when a row finishes; the
-    baseline is written with the same size)."""
+    baseline is written with the same size), every example in them: the check compares tokens
+    and counted speed, and times nothing (no speed subset decoded one at a time)."""
     args = list(args)
+    _without_option(args, "--timed-examples")
     _with_option(args, "--model", model_dir)
     _with_option(args, "--out", out)
     _with_option(args, "--batch-size", batch_size)

@@ -67,9 +67,11 @@ from setdlm.eval.runner import (
     Task,
     claim_folder,
     finish_run,
-    finished_metrics,
+    finish_shard,
+    finished_result,
     generation_identity,
     scheduled_batches,
+    shard_examples,
 )
 from setdlm.eval.timing import (
     decoding_fields,
@@ -395,7 +397,7 @@ def run_unconditional(
     )
     identity = sample_identity | {"scoring": task.scoring.to_dict()}
     digest = config_hash(identity)
-    finished = finished_metrics(out_dir, digest)
+    finished = finished_result(out_dir, digest, settings.shard)
     if finished is not None:
         return finished
     examples = task.examples(tokenizer, model)  # checks the settings against the model
@@ -403,22 +405,30 @@ def run_unconditional(
 
     log = SampleLog(out_dir / "samples.jsonl")
     done = log.load()
-    pending = [example for example in examples if example.id not in done]
+    mine = shard_examples(examples, settings.shard)
+    pending = [example for example in mine if example.id not in done]
     device = model.device
     reset_peak_memory(device)
-    bar = progress_bar(len(examples), "unconditional", len(examples) - len(pending), "sample")
-    batches, warm_ids, rewarm = scheduled_batches(examples, pending, settings)
-    if rewarm:  # untimed, discarded
-        warm = batches[0][: settings.batch_size]
-        _generate_with_rejection(model, tokenizer, decode, warm, generation, settings)
+    bar = progress_bar(len(mine), "unconditional", len(mine) - len(pending), "sample")
+    schedule = scheduled_batches(examples, pending, settings)
+    if schedule.rewarm:  # untimed, discarded
+        _generate_with_rejection(
+            model, tokenizer, decode, schedule.rewarm, generation, settings, pooled=False
+        )
 
-    def save(example: Example, attempts: list[dict]) -> None:
-        log.append(_record(task, example, attempts, tokenizer, example.id in warm_ids))
-        bar.update(1)
+    for batch in schedule.batches:  # a sample is saved as soon as its last attempt is in
 
-    for batch in batches:  # a sample is saved as soon as its last attempt is in
-        _generate_with_rejection(model, tokenizer, decode, batch, generation, settings, save)
+        def save(example: Example, attempts: list[dict], timed=batch.timed) -> None:
+            warmup = example.id in schedule.warm_ids
+            log.append(_record(task, example, attempts, tokenizer, warmup, timed))
+            bar.update(1)
+
+        _generate_with_rejection(
+            model, tokenizer, decode, batch.examples, generation, settings, batch.pooled, save
+        )
     bar.close()
+    if settings.shard is not None:
+        return finish_shard(mine, log, out_dir, digest, settings.shard)
 
     extra = {"samples_config_hash": config_hash(sample_identity)}
     return finish_run(task, examples, log, out_dir, identity, digest, settings, device, extra)
@@ -429,11 +439,18 @@ FinalCallback = Callable[[Example, list[dict]], None]
 
 
 def _generate_with_rejection(
-    model, tokenizer, decode, batch, generation, settings, on_final: FinalCallback | None = None
+    model,
+    tokenizer,
+    decode,
+    batch,
+    generation,
+    settings,
+    pooled: bool,
+    on_final: FinalCallback | None = None,
 ) -> dict:
     """Every attempt of every sample of ``batch``: the rejected ones are decoded again together
-    (one static batch, or with continuous batching a pool of ``settings.batch_size`` slots),
-    until each is accepted or out of attempts. Returns {id: [attempt, ...]}."""
+    (one static batch, or, ``pooled``, a continuous-batching pool of ``settings.batch_size``
+    slots), until each is accepted or out of attempts. Returns {id: [attempt, ...]}."""
     sample_seeds = {e.id: example_seed(settings.seed, e.id) for e in batch}
     attempts: dict[str, list[dict]] = {e.id: [] for e in batch}
     regenerate: set[str] = set()  # the samples of this round to decode again
@@ -450,16 +467,18 @@ def _generate_with_rejection(
     while active:
         seeds = [attempt_seed(sample_seeds[e.id], len(attempts[e.id])) for e in active]
         regenerate.clear()
-        _decode_round(model, tokenizer, decode, active, seeds, generation, settings, judge)
+        _decode_round(model, tokenizer, decode, active, seeds, generation, settings, pooled, judge)
         active = [e for e in active if e.id in regenerate]
     return attempts
 
 
-def _decode_round(model, tokenizer, decode, samples, seeds, generation, settings, judge) -> None:
+def _decode_round(
+    model, tokenizer, decode, samples, seeds, generation, settings, pooled: bool, judge
+) -> None:
     """One attempt of each of ``samples``, each handed to ``judge(sample, attempt)`` as soon as
     it is done: when it leaves the pool, or at the end of the static batch."""
     prompts = [e.input_ids for e in samples]
-    if settings.continuous:
+    if pooled:
         size = settings.batch_size
         model.generate(
             prompts,
@@ -503,7 +522,7 @@ def _attempt(output, row: int, seed: int, decode, generation, batch_size: int, c
     }
 
 
-def _record(task, example, attempts: list[dict], tokenizer, warmup: bool) -> dict:
+def _record(task, example, attempts: list[dict], tokenizer, warmup: bool, timed: bool) -> dict:
     """One ``samples.jsonl`` line: the last attempt's sample, and the cost of all attempts (how
     it was batched: as its first attempt was)."""
     final, first = attempts[-1], attempts[0]
@@ -534,6 +553,7 @@ def _record(task, example, attempts: list[dict], tokenizer, warmup: bool) -> dic
         "batch_size": first["batch_size"],
         "batching": first["batching"],
         "warmup": warmup,
+        "timed": timed,
         **sample_provenance(),
         "attempts": [{k: v for k, v in a.items() if k != "output_ids"} for a in attempts],
     }

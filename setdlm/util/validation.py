@@ -152,7 +152,7 @@ def option(pointer: str):
 
 # ----------------------------------------------------------------- task settings as options
 # Task keys that say which jobs exist (the workflow's), not what one evaluation computes.
-NOT_OPTIONS = ("models", "overrides", "policies", "thresholds")
+NOT_OPTIONS = ("models", "overrides", "policies", "thresholds", "jobs", "shards")
 
 
 @dataclass(frozen=True)

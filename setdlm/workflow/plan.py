@@ -48,6 +48,7 @@ from setdlm.workflow.config import (
     used_models,
     validate,
 )
+from setdlm.workflow.references import copied_seeds
 
 # A regex no model name matches (a rule's {model} wildcard when no model is of its kind).
 NO_NAME = "(?!)"
@@ -65,7 +66,7 @@ CURVE_STEMS = ("learning_curves", "learning_curves_points")
 # Resources of a stage that neither the stage nor `resources.default` sets.
 BASE_RESOURCES = {"cpus": 1, "mem_mb": 4000, "runtime": 60, "gpus": 0}
 # Settings that choose which jobs exist rather than what one job computes.
-NOT_PER_POINT = ("models", "thresholds", "overrides", "policies")
+NOT_PER_POINT = ("models", "thresholds", "overrides", "policies", "jobs", "shards")
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,9 @@ class Plan:
     # models trained once per seed: (model, seed) -> config hash (``trained`` holds the model's
     # hash over all its seeds)
     trained_seeds: dict[tuple[str, int], str] = field(default_factory=dict)
+    # models trained once per seed whose every seed is in reference_models with its recipe:
+    # model -> its seeds, copied by one job (setdlm/workflow/references.py)
+    copied: dict[str, list[int]] = field(default_factory=dict)
     fetched: dict[tuple[str, str], str] = field(default_factory=dict)  # (model, domain) -> hash
     points: dict[tuple[str, str, str], Point] = field(default_factory=dict)
     # the evaluations of one seed of a seeded model: (task, model, point, seed) -> Point
@@ -146,9 +150,14 @@ class Plan:
 
     def model_wildcard(self, seeded: bool) -> str:
         """The {model} wildcard of the rules for models trained once per seed (``seeded``) or
-        not: the names themselves, so that the two kinds of rules never claim one file."""
+        not: the names themselves, so that the two kinds of rules never claim one file (a
+        model whose seeds are all copied from the reference folder has a rule of its own)."""
         seeded_names = set(self.seeded_models())
-        names = sorted(name for name in self.config["models"] if (name in seeded_names) == seeded)
+        names = sorted(
+            name
+            for name in self.config["models"]
+            if (name in seeded_names) == seeded and name not in self.copied
+        )
         return "|".join(re.escape(name) for name in names) or NO_NAME
 
     def metrics(self, point: Point) -> str:
@@ -271,6 +280,9 @@ def build(raw_config: dict, environ, log=None, source: str = "") -> Plan:
             plan.trained[name] = digest({"model": name, **settings, "data": data})
             for seed in model_seeds(config, name) or ():
                 plan.trained_seeds[(name, seed)] = digest([plan.trained[name], seed])
+            copied = copied_seeds(config, name)
+            if copied:
+                plan.copied[name] = copied
     for task, settings in config["tasks"].items():
         for name in settings["models"]:
             _plan_model_points(plan, published, task, settings, name)

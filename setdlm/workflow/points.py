@@ -1,14 +1,16 @@
-"""Guards around one evaluation job (``<task>/<model>/<point>/``), run by the evaluate rule:
+"""Guards around each evaluation point (``<task>/<model>/<point>/``, or its ``seed-<k>/``):
 
     python -m setdlm.workflow.points start FOLDER CONFIG_HASH CODE_VERSION
     setdlm eval ... --out FOLDER
     python -m setdlm.workflow.points finish FOLDER
 
-and, for a model trained once per seed, the same three steps for every τ point of one (task,
-model, policy, seed) in one process (the sweep rules; a Python process with torch takes seconds
-to start, longer than decoding a point of the default):
+and the evaluation jobs, which take these three steps for each of their points in one process
+(setdlm/workflow/jobs.py: a Python process with torch takes seconds to start, longer than
+decoding a point of the default), and the shard jobs of a point split over several jobs (whose
+point job then merges them):
 
-    python -m setdlm.workflow.points sweep RUN TASK MODEL POLICY SEED CODE_VERSION
+    python -m setdlm.workflow.points job RUN KEY CODE_VERSION
+    python -m setdlm.workflow.points shard RUN POINT SHARD CODE_VERSION
 
 Before: ``start`` keeps the samples of an interrupted run of the same job (``setdlm eval``
 resumes them) but clears a folder left by another configuration or code version, which the
@@ -60,31 +62,33 @@ def finish(folder: str | Path) -> dict:
     return metrics
 
 
-def sweep(
-    run: str, task: str, model: str, policy: str, seed: int, code_version: str, threads: int = 1
-) -> int:
-    """Every τ point of one (task, model, decoding policy) for one training seed, in one
-    process: what the evaluate rule does per point (start, ``setdlm eval``, finish), without
-    paying the start of a Python process with torch for each point. The points and their
-    arguments are the plan's, rebuilt from the run's validated ``config.yaml``. ``policy``:
-    ``own`` for the family's own decoding policy."""
+def run_job(run: str, key: str, code_version: str, threads: int = 1) -> int:
+    """Every point of one evaluation job (setdlm/workflow/jobs.py), in one process: what a job
+    per point does (start, ``setdlm eval``, finish), without paying the start of a Python
+    process with torch (and a model, a featurizer, a scorer) for each point. The points and
+    their arguments are the plan's, rebuilt from the run's validated ``config.yaml``; a point
+    already finished by this configuration and code returns at once."""
     import os
 
     import yaml
 
     from setdlm.cli import main as setdlm
+    from setdlm.workflow.jobs import evaluation_jobs
     from setdlm.workflow.plan import build
 
     config = yaml.safe_load((Path(run) / "config.yaml").read_text(encoding="utf-8"))
-    plan = build(config, os.environ, log=lambda message: None)
-    chosen = sweep_points(plan, task, model, policy, seed)
-    if not chosen:
-        print(
-            f"{run}: no {task} point of {model} ({policy} policy) for seed {seed}", file=sys.stderr
-        )
+    jobs = evaluation_jobs(build(config, os.environ, log=lambda message: None))
+    if key not in jobs:
+        print(f"{run}: no evaluation job {key!r} in its configuration", file=sys.stderr)
         return 2
-    for point in chosen:
+    job = jobs[key]
+    for point in job.points:
         start(point.folder, point.config_hash, code_version)
+        if job.shards > 1:  # its samples are its shards': the evaluation then only scores
+            from setdlm.eval.runner import merge_shards
+
+            count = merge_shards(Path(point.folder), [Path(s.folder) for s in job.shard_jobs()])
+            print(f"{point.folder}: {count} samples from {job.shards} shards", flush=True)
         code = setdlm(["--threads", str(threads), "eval", *point.args])
         if code != 0:
             print(f"{point.folder}: setdlm eval exited {code}", file=sys.stderr)
@@ -94,54 +98,53 @@ def sweep(
     return 0
 
 
-OWN_POLICY = "own"  # a sweep with the family's own decoding policy
+def run_shard(run: str, where: str, name: str, code_version: str, threads: int = 1) -> int:
+    """One shard job: a slice of a point's examples into ``<point>/shards/<name>/``, with the
+    guards of a point (its stamp names the shard: another slicing starts it over)."""
+    import os
 
+    import yaml
 
-def point_policy(point: str) -> str:
-    """The decoding policy a point folder name says (``own`` for the family's)."""
-    from setdlm.results.layout import POINT_NAME
+    from setdlm.cli import main as setdlm
+    from setdlm.workflow.jobs import shard_jobs
+    from setdlm.workflow.plan import build
 
-    match = POINT_NAME.match(point)
-    return (match["policy"] if match else None) or OWN_POLICY
-
-
-def seed_sweeps(plan) -> dict[tuple[str, str, str], list[str]]:
-    """(task, model, policy) -> its point names, for the models trained once per seed: each
-    sweep is one job per seed (the workflow's sweep rules)."""
-    sweeps: dict[tuple[str, str, str], list[str]] = {}
-    for task, model, point, _ in plan.seed_points:
-        names = sweeps.setdefault((task, model, point_policy(point)), [])
-        if point not in names:
-            names.append(point)
-    return sweeps
-
-
-def sweep_points(plan, task: str, model: str, policy: str, seed: int) -> list:
-    """The plan's seed points of one sweep, in the configuration's τ order."""
-    return [
-        point
-        for (t, m, name, s), point in plan.seed_points.items()
-        if (t, m, s) == (task, model, seed) and point_policy(name) == policy
-    ]
+    config = yaml.safe_load((Path(run) / "config.yaml").read_text(encoding="utf-8"))
+    shards = shard_jobs(build(config, os.environ, log=lambda message: None), run)
+    if (where, name) not in shards:
+        print(f"{run}: no shard {name} of {where} in its configuration", file=sys.stderr)
+        return 2
+    shard = shards[(where, name)]
+    start(shard.folder, f"{shard.point.config_hash}/{name}", code_version)
+    code = setdlm(["--threads", str(threads), "eval", *shard.args])
+    if code == 0:
+        marker = json.loads((Path(shard.folder) / "shard.json").read_text())
+        print(f"{shard.folder}: {len(marker['examples'])} examples", flush=True)
+    return code
 
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["start"] and len(argv) == 4:
         start(*argv[1:])
         return 0
-    if argv[:1] == ["sweep"]:
+    if argv[:1] == ["job"]:
         import argparse
 
-        parser = argparse.ArgumentParser(prog="python -m setdlm.workflow.points sweep")
-        for name in ("run", "task", "model", "policy"):
+        parser = argparse.ArgumentParser(prog="python -m setdlm.workflow.points job")
+        for name in ("run", "key", "code_version"):
             parser.add_argument(name)
-        parser.add_argument("seed", type=int)
-        parser.add_argument("code_version")
         parser.add_argument("--threads", type=int, default=1)
         args = parser.parse_args(argv[1:])
-        return sweep(
-            args.run, args.task, args.model, args.policy, args.seed, args.code_version, args.threads
-        )
+        return run_job(args.run, args.key, args.code_version, args.threads)
+    if argv[:1] == ["shard"]:
+        import argparse
+
+        parser = argparse.ArgumentParser(prog="python -m setdlm.workflow.points shard")
+        for name in ("run", "where", "name", "code_version"):
+            parser.add_argument(name)
+        parser.add_argument("--threads", type=int, default=1)
+        args = parser.parse_args(argv[1:])
+        return run_shard(args.run, args.where, args.name, args.code_version, args.threads)
     if argv[:1] == ["finish"] and len(argv) == 2:
         metrics = finish(argv[1])
         print(f"{argv[1]}: {metrics['examples']} examples, each once")

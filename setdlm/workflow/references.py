@@ -12,19 +12,27 @@ trainings without a word: the dry run showed the same jobs. So:
   finds the same models;
 - ``read_marker`` reads a reference model's ``checkpoint.json`` (and every marker of a trained
   model) by one rule: a JSON object whose ``files`` maps each file to its sha256;
+- ``model_recipe`` is what a trained model is a function of, and ``reference_model`` the
+  reference copy trained with exactly that recipe; ``copied_seeds`` says when every seed of a
+  model is there, so that one job copies them all (setdlm/workflow/plan.py);
 - ``forecast`` says, before any job starts, how many models the plan trains rather than copies
   and about how long that takes, and why the reference copies do not serve.
+
+Read when the DAG is built and by ``setdlm train``, so nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import asdict
 from pathlib import Path
 
+from setdlm.recipes.tiny_settings import TinySettings, corpus_identity
+from setdlm.results.layout import TRAINED_MARKER
 from setdlm.util.errors import DataError
 
-MARKER = "checkpoint.json"
+MARKER = TRAINED_MARKER
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # Seconds of one CPU core per unit of training cost (steps x batch x length x the family's
 # positions per token): the default's 24,000-step AR model (64 wide, 2 layers) takes about 35
@@ -97,11 +105,84 @@ def read_marker(path: Path) -> dict:
     return marker
 
 
+# ------------------------------------------------------------------------------ recipes
+def tiny_settings(config: dict, name: str, seed: int | None = None) -> TinySettings:
+    """The model's TinySettings: the configuration's train settings, S or d as block size,
+    and ``seed`` (one of train.seeds) as the training seed."""
+    from setdlm.workflow.config import NOT_A_TRAINING_SETTING, train_settings  # imports this
+
+    entry = config["models"][name]
+    block_size = entry.get("block_size") or entry.get("d") or TinySettings.block_size
+    settings = {
+        key: value
+        for key, value in train_settings(config, name).items()
+        if key not in NOT_A_TRAINING_SETTING
+    }
+    if seed is not None:
+        settings["seed"] = seed
+    return TinySettings(**settings, block_size=block_size)
+
+
+def model_recipe(config: dict, name: str, settings: TinySettings) -> dict:
+    """What a trained model is a function of (with the code): model, family, settings
+    (``tiny_settings``, the seed among them) and training data. A reference copy is reused only
+    for the same recipe."""
+    return {
+        "model": name,
+        "family": config["models"][name]["family"],
+        "settings": asdict(settings),
+        "data": corpus_identity(settings),
+    }
+
+
+def reference_model(config: dict, name: str, seed: int | None, recipe: dict) -> Path | None:
+    """The committed reference copy of this model (``reference_models``/<name>[/seed-<k>]),
+    when the configuration names a reference folder and the copy there was trained with
+    exactly this recipe (model, family, settings, data); else None: train it here."""
+    root = reference_root(config)
+    if root is None:
+        return None
+    folder = root / name / (f"seed-{seed}" if seed is not None else "")
+    marker = folder / TRAINED_MARKER
+    if not marker.is_file():
+        return None
+    recorded = read_marker(marker)  # a malformed one is refused, naming it
+    same = json.loads(json.dumps(recipe))  # as read back: tuples become lists
+    if {key: recorded.get(key) for key in same} != same:
+        return None
+    return folder
+
+
+def copied_seeds(config: dict, name: str) -> list[int] | None:
+    """The seeds of a model trained once per seed when the reference folder holds every one of
+    them with its recipe (one job copies them all), else None (each seed is its own job, which
+    trains it, or copies what the reference folder holds)."""
+    from setdlm.workflow.config import model_seeds  # which imports this module
+
+    seeds = model_seeds(config, name)
+    if not seeds or reference_root(config) is None:
+        return None
+    for seed in seeds:
+        if _reference_of(config, name, seed) is None:
+            return None
+    return list(seeds)
+
+
+def _reference_of(config: dict, name: str, seed: int | None) -> Path | None:
+    """The reference copy of a model (seed) with this configuration's whole recipe, or None
+    (a malformed marker counts as none here: ``setdlm train`` refuses it, naming it)."""
+    try:
+        recipe = model_recipe(config, name, tiny_settings(config, name, seed))
+        return reference_model(config, name, seed, recipe)
+    except DataError:
+        return None
+
+
 # ------------------------------------------------------------------------------- forecast
 def forecast(plan, cwd: Path | None = None) -> str | None:
     """ "N models will be trained (about H hours)" for a plan that trains models rather than
-    copying them, with the reason; None when it trains none. The comparison is the recipe's
-    settings the configuration states (``setdlm train`` compares the whole recipe)."""
+    copying them, with the reason; None when it trains none. A model is copied when its
+    reference copy has the whole recipe (``reference_model``, as ``setdlm train`` decides)."""
     from setdlm.families import family as family_info
     from setdlm.workflow.config import NOT_A_TRAINING_SETTING, resolved_train_settings
 
@@ -112,6 +193,8 @@ def forecast(plan, cwd: Path | None = None) -> str | None:
     jobs += [(name, None) for name in plan.trained if name not in seeded]
     trained, reasons, seconds = [], {}, 0.0
     for name, seed in jobs:
+        if root is not None and _reference_of(config, name, seed) is not None:
+            continue  # copied
         entry = config["models"][name]
         settings = resolved_train_settings(config, name)
         wanted = {k: v for k, v in settings.items() if k not in NOT_A_TRAINING_SETTING}
@@ -120,9 +203,10 @@ def forecast(plan, cwd: Path | None = None) -> str | None:
         block = entry.get("block_size") or entry.get("d")
         if block is not None:
             wanted["block_size"] = block
-        reason = _why_not_copied(root, name, seed, entry["family"], wanted)
-        if reason is None:
-            continue
+        reason = _why_not_copied(root, name, seed, entry["family"], wanted) or (
+            "the reference copy's recorded recipe (its data or a setting the configuration "
+            "leaves at its default) is another"
+        )
         trained.append(name if seed is None else f"{name}/seed-{seed}")
         reasons.setdefault(reason, name)
         cost = settings["steps"] * settings["batch_size"] * settings["length"]

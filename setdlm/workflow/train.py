@@ -35,16 +35,20 @@ from setdlm.util.files import atomic_write_json, sha256_file
 from setdlm.util.scheduler import current_job
 from setdlm.util.validation import SEED, SettingError, output_path
 from setdlm.workflow.config import (
-    NOT_A_TRAINING_SETTING,
     WORKFLOW_DIR,
     load,
     model_seeds,
     train_settings,
 )
 from setdlm.workflow.plan import code_version
-from setdlm.workflow.references import read_marker, reference_root
-
-TRAINED_MARKER = "checkpoint.json"
+from setdlm.workflow.references import (
+    TRAINED_MARKER,
+    model_recipe,
+    read_marker,
+    reference_model,
+    reference_root,
+    tiny_settings,
+)
 
 
 def main(argv: list[str]) -> int:
@@ -65,6 +69,14 @@ def main(argv: list[str]) -> int:
         default=None,
         help="which of the model's train.seeds to train (required when it has several)",
     )
+    parser.add_argument(
+        "--seeds",
+        type=SEED,
+        nargs="+",
+        default=None,
+        help="several of the model's train.seeds, one after the other in this process, each "
+        "into OUT/seed-<k> (the workflow copies a model's reference seeds so)",
+    )
     args = parser.parse_args(argv)
 
     config = load(args.config, check_data=False)
@@ -78,6 +90,20 @@ def main(argv: list[str]) -> int:
         if args.domain:
             parser.error(f"--domain: {args.model} is trained here, not a published checkpoint")
         seeds = model_seeds(config, args.model)
+        if args.seeds is not None:
+            if args.seed is not None or args.work is not None:
+                parser.error("--seeds: each seed has its own folder; give no --seed or --work")
+            unknown = [seed for seed in args.seeds if seed not in (seeds or [])]
+            if unknown:
+                parser.error(f"--seeds {unknown}: not among {args.model}'s train.seeds {seeds}")
+            for seed in args.seeds:
+                out = args.out / f"seed-{seed}"
+                code = _train_or_stop(
+                    args.model, config, out, _work_folder(out, args.model, seed), seed
+                )
+                if code:
+                    return code
+            return 0
         if seeds is not None and args.seed not in seeds:
             parser.error(
                 f"--seed {args.seed}: {args.model} is trained once per seed of its train.seeds "
@@ -86,12 +112,7 @@ def main(argv: list[str]) -> int:
         if seeds is None and args.seed is not None:
             parser.error(f"--seed: {args.model} has no train.seeds (its one seed is train.seed)")
         work = args.work or _work_folder(args.out, args.model, args.seed)
-        try:
-            train_model(args.model, config, args.out, work, seed=args.seed)
-        except Preempted as stop:
-            print(f"setdlm train: {stop}", file=sys.stderr, flush=True)
-            return EXIT_PREEMPTED
-        return 0
+        return _train_or_stop(args.model, config, args.out, work, args.seed)
     domains = [args.domain] if args.domain else list(entry["checkpoint"])
     for domain in domains:
         if domain not in entry["checkpoint"]:
@@ -100,44 +121,21 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _train_or_stop(name: str, config: dict, out: Path, work: Path, seed: int | None) -> int:
+    """0 once the model is trained (or copied); 75 when a signal stopped it with a checkpoint."""
+    try:
+        train_model(name, config, out, work, seed=seed)
+    except Preempted as stop:
+        print(f"setdlm train: {stop}", file=sys.stderr, flush=True)
+        return EXIT_PREEMPTED
+    return 0
+
+
 def _work_folder(out: Path, name: str, seed: int | None) -> Path:
     """Where a model's training state lives: beside the models, hidden (one per seed)."""
     if seed is None:
         return out.parent / ".training" / name
     return out.parent.parent / ".training" / f"{name}-seed-{seed}"
-
-
-def tiny_settings(config: dict, name: str, seed: int | None = None):
-    """The model's TinySettings: the configuration's train settings, S or d as block size,
-    and ``seed`` (one of train.seeds) as the training seed."""
-    from setdlm.recipes.tiny import TinySettings
-
-    entry = config["models"][name]
-    block_size = entry.get("block_size") or entry.get("d") or TinySettings.block_size
-    settings = {
-        key: value
-        for key, value in train_settings(config, name).items()
-        if key not in NOT_A_TRAINING_SETTING
-    }
-    if seed is not None:
-        settings["seed"] = seed
-    return TinySettings(**settings, block_size=block_size)
-
-
-def model_recipe(config: dict, name: str, settings) -> dict:
-    """What a trained model is a function of (with the code): model, family, settings
-    (``tiny_settings``, the seed among them) and training data. A reference copy is reused only
-    for the same recipe."""
-    from dataclasses import asdict
-
-    from setdlm.recipes.tiny import corpus_identity
-
-    return {
-        "model": name,
-        "family": config["models"][name]["family"],
-        "settings": asdict(settings),
-        "data": corpus_identity(settings),
-    }
 
 
 def train_model(
@@ -226,24 +224,6 @@ def _copy_curves(train_dir: Path, out: Path, with_curve: bool) -> None:
     shutil.copyfile(train_dir / LOSSES_NAME, out / LOSSES_FILE)
     if with_curve:
         shutil.copyfile(train_dir / PROBES_NAME, out / CURVE_FILE)
-
-
-def reference_model(config: dict, name: str, seed: int | None, recipe: dict) -> Path | None:
-    """The committed reference copy of this model (``reference_models``/<name>[/seed-<k>]),
-    when the configuration names a reference folder and the copy there was trained with
-    exactly this recipe (model, family, settings, data); else None: train it here."""
-    root = reference_root(config)
-    if root is None:
-        return None
-    folder = root / name / (f"seed-{seed}" if seed is not None else "")
-    marker = folder / TRAINED_MARKER
-    if not marker.is_file():
-        return None
-    recorded = read_marker(marker)  # a malformed one is refused, naming it
-    same = json.loads(json.dumps(recipe))  # as read back: tuples become lists
-    if {key: recorded.get(key) for key in same} != same:
-        return None
-    return folder
 
 
 def _copy_reference(name: str, reference: Path, out: Path, log) -> dict:

@@ -18,6 +18,8 @@ rule prepare_data:
         code_version=CODE_VERSION,
     log:
         f"{RUN}/logs/data_{{dataset}}.log",
+    benchmark:
+        f"{RUN}/benchmarks/data_{{dataset}}.tsv"
     threads: threads_of("data")
     resources:
         **resources_of("data"),

@@ -44,6 +44,8 @@ for _table in layout.TABLES:
                 code_version=CODE_VERSION,
             log:
                 f"{RUN}/logs/table_{_table}.log",
+            benchmark:
+                f"{RUN}/benchmarks/table_{_table}.tsv"
             localrule: True
             shell:
                 "{SETDLM:q} report tables {RUN:q} --out {TABLES:q} --only {params.table} "
@@ -70,6 +72,8 @@ rule figures:
         code_version=CODE_VERSION,
     log:
         f"{RUN}/logs/figures.log",
+    benchmark:
+        f"{RUN}/benchmarks/figures.tsv"
     localrule: True
     shell:
         "{SETDLM:q} report figures {RUN:q} --out {FIGURES:q} --only {params.tasks} > {log:q} 2>&1"
@@ -87,6 +91,8 @@ rule learning_curves:
         code_version=CODE_VERSION,
     log:
         f"{RUN}/logs/learning_curves.log",
+    benchmark:
+        f"{RUN}/benchmarks/learning_curves.tsv"
     localrule: True
     shell:
         "{SETDLM:q} report curves {RUN:q}/models --tables {TABLES:q} --figures {FIGURES:q} "

@@ -18,6 +18,8 @@ rule sync_mlflow:
         code_version=CODE_VERSION,
     log:
         f"{RUN}/logs/mlflow-sync.log",
+    benchmark:
+        f"{RUN}/benchmarks/mlflow-sync.tsv"
     localrule: True
     shell:
         "{SETDLM:q} sync {RUN:q} --tracking-uri {params.tracking_uri} --marker {output:q} "

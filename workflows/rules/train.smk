@@ -16,6 +16,8 @@ rule train_model:
         code_version=CODE_VERSION,
     log:
         f"{RUN}/logs/train_{{model}}.log",
+    benchmark:
+        f"{RUN}/benchmarks/train_{{model}}.tsv"
     threads: threads_of("train")
     # trainings before evaluations, the longest first (setdlm/workflow/plan.py)
     priority: lambda wildcards: PLAN.train_priority(wildcards.model)
@@ -44,6 +46,8 @@ rule train_model_seed:
         code_version=CODE_VERSION,
     log:
         f"{RUN}/logs/train_{{model}}_seed-{{seed}}.log",
+    benchmark:
+        f"{RUN}/benchmarks/train_{{model}}_seed-{{seed}}.tsv"
     threads: threads_of("train")
     priority: lambda wildcards: PLAN.train_priority(wildcards.model)
     resources:
@@ -54,6 +58,34 @@ rule train_model_seed:
         "--out {RUN:q}/models/{wildcards.model}/seed-{wildcards.seed} > {log:q} 2>&1"
 
 
+# A model whose every seed the reference folder holds with this recipe (tiny.yaml's
+# reference_models): one job copies its seeds (`setdlm train --seeds`; a Python process per
+# seed would cost more than the copies), each checked against the sha256 its marker lists.
+for _model, _seeds in PLAN.copied.items():
+
+    rule:
+        name:
+            f"copy_reference_{_model}".replace("-", "_")
+        output:
+            [
+                ensure(f"{RUN}/models/{_model}/seed-{seed}/checkpoint.json", non_empty=True)
+                for seed in _seeds
+            ],
+        params:
+            model=_model,
+            seeds=" ".join(map(str, _seeds)),
+            config_hash=[PLAN.trained_seeds[(_model, seed)] for seed in _seeds],
+            code_version=CODE_VERSION,
+        log:
+            f"{RUN}/logs/copy_reference_{_model}.log",
+        benchmark:
+            f"{RUN}/benchmarks/train_copy_reference_{_model}.tsv"
+        localrule: True
+        shell:
+            "{SETDLM:q} train --config {RUN:q}/config.yaml --model {params.model} "
+            "--seeds {params.seeds} --out {RUN:q}/models/{params.model} > {log:q} 2>&1"
+
+
 rule fetch_model:
     output:
         ensure(f"{RUN}/models/{{model}}/checkpoint-{{domain}}.json", non_empty=True),
@@ -62,6 +94,8 @@ rule fetch_model:
         code_version=CODE_VERSION,
     log:
         f"{RUN}/logs/fetch_{{model}}_{{domain}}.log",
+    benchmark:
+        f"{RUN}/benchmarks/fetch_{{model}}_{{domain}}.tsv"
     threads: threads_of("fetch")
     resources:
         **resources_of("fetch"),

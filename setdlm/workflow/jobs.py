@@ -1,0 +1,182 @@
+"""How a plan's evaluation points are spread over jobs: the ``jobs`` setting of each task.
+
+Starting a Python process with torch, a model, a featurizer and a scorer costs seconds, more
+than decoding a point of the tiny default; on a cluster every job also waits for the scheduler.
+So points that take seconds share a job, while a point that takes hours has one of its own:
+
+- ``point``: one job per point (and training seed);
+- ``task``: one job per model (and seed) of the task: all its τ points and decoding policies;
+- ``model-seed``: one job per model and seed for all the tasks that say so: every such task's
+  points of the model's seed in one process;
+- ``model``: one job per model for all the tasks that say so, every seed of it: what a
+  process loads once (torch, the judge of sampled problems, the featurizer and its reference
+  features, the scorer) is loaded once per model instead of once per seed.
+
+A job runs its points one after the other (``python -m setdlm.workflow.points job``), each with
+the same guards and ``setdlm eval`` command line as a job of its own: a finished point is never
+computed again, and an interrupted job resumes at its first unfinished point (within it, at its
+first unfinished example). A job's resources are the largest its tasks ask for, and its
+runtime the sum of theirs.
+
+With ``jobs: point``, a task's ``shards: N`` splits each point further: N shard jobs each decode
+a contiguous slice of the examples into ``<point>/shards/<i>-of-<N>/`` (``setdlm eval
+--shard i/N``), and the point's own job merges them (``merge_shards``) into the samples and
+metrics one job would have written. A killed shard is rerun alone.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+JOB_KINDS = ("point", "task", "model-seed", "model")
+DEFAULT_KIND = "task"
+
+
+@dataclass(frozen=True)
+class EvalJob:
+    """One evaluation job: the points (of one seed, or of a model trained once) it fills."""
+
+    key: str  # what it evaluates, e.g. "setdlm-smax8-arith/seed-0": the command's argument
+    model: str
+    points: tuple  # setdlm.workflow.plan.Point, in the configuration's order (seed by seed)
+    shards: int = 1  # a point job whose point is decoded in this many shard jobs first
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(point.task for point in self.points))
+
+    @property
+    def rule_name(self) -> str:
+        """A Snakemake rule name (an identifier) naming what the job evaluates."""
+        return "evaluate_" + re.sub(r"\W", "_", self.key)
+
+    @property
+    def log_name(self) -> str:
+        return "evaluate_" + self.key.replace("/", "_") + ".log"
+
+    def outputs(self) -> list[str]:
+        return [f"{point.folder}/metrics.json" for point in self.points]
+
+    def shard_jobs(self) -> list[ShardJob]:
+        if self.shards == 1:
+            return []
+        return [ShardJob(self.points[0], index, self.shards) for index in range(self.shards)]
+
+    def inputs(self) -> dict[str, str]:
+        """Every file one of its points needs (model markers, data manifests, the evaluator),
+        and its shards' markers."""
+        needed: dict[str, str] = {}
+        for point in self.points:
+            for path in point.inputs.values():
+                needed.setdefault(path, path)
+        for shard in self.shard_jobs():
+            needed.setdefault(shard.marker, shard.marker)
+        return {f"input{index}": path for index, path in enumerate(needed)}
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """One slice of a point's examples, decoded by a job of its own."""
+
+    point: object  # setdlm.workflow.plan.Point
+    index: int
+    count: int
+
+    @property
+    def name(self) -> str:
+        return shard_name(self.index, self.count)
+
+    @property
+    def folder(self) -> str:
+        return f"{self.point.folder}/{SHARDS}/{self.name}"
+
+    @property
+    def marker(self) -> str:
+        return f"{self.folder}/shard.json"
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        """The point's ``setdlm eval`` arguments, into the shard's folder, for its slice."""
+        args = list(self.point.args)
+        args[args.index("--out") + 1] = self.folder
+        return (*args, "--shard", f"{self.index}/{self.count}")
+
+
+SHARDS = "shards"  # a sharded point's folder of shard folders
+
+
+def shard_name(index: int, count: int) -> str:
+    return f"{index}-of-{count}"
+
+
+def shard_folders(point_folder: str, count: int) -> list[str]:
+    return [f"{point_folder}/{SHARDS}/{shard_name(index, count)}" for index in range(count)]
+
+
+def job_kind(config: dict, task: str) -> str:
+    return config["tasks"][task].get("jobs", DEFAULT_KIND)
+
+
+def job_key(kind: str, task: str, model: str, point: str, seed: int | None) -> str:
+    seeded = "" if seed is None else f"/seed-{seed}"
+    if kind == "point":
+        return f"{task}/{model}/{point}{seeded}"
+    if kind == "task":
+        return f"{task}/{model}{seeded}"
+    if kind == "model-seed":
+        return f"{model}{seeded}"
+    return model
+
+
+def evaluation_jobs(plan) -> dict[str, EvalJob]:
+    """key -> job, for every evaluation the plan has (a seeded point once per seed)."""
+    grouped: dict[str, list] = {}
+    for (task, model, name), point in plan.points.items():
+        per_seed = [plan.seed_point(task, model, name, seed) for seed in point.seeds] or [point]
+        kind = job_kind(plan.config, task)
+        for one in per_seed:
+            grouped.setdefault(job_key(kind, task, model, name, one.seed), []).append(one)
+    return {
+        key: EvalJob(
+            key,
+            points[0].model,
+            tuple(sorted(points, key=lambda point: point.seed or 0)),  # seed by seed (stable)
+            _shards(plan.config, points[0].task),
+        )
+        for key, points in grouped.items()
+    }
+
+
+def _shards(config: dict, task: str) -> int:
+    """How many shard jobs each point of the task is decoded in (only a job per point is)."""
+    settings = config["tasks"][task]
+    return settings.get("shards", 1) if job_kind(config, task) == "point" else 1
+
+
+def shard_jobs(plan, run: str) -> dict[tuple[str, str], ShardJob]:
+    """(point folder relative to ``run``, shard name) -> every shard job of the plan."""
+    found = {}
+    for job in evaluation_jobs(plan).values():
+        for shard in job.shard_jobs():
+            where = shard.point.folder.removeprefix(f"{run}/")
+            found[(where, shard.name)] = shard
+    return found
+
+
+def job_resources(plan, job: EvalJob) -> dict[str, int]:
+    """The largest of each resource its tasks ask for; runtime: the sum of theirs."""
+    per_task = [plan.resources(task) for task in job.tasks]
+    largest = {key: max(resources[key] for resources in per_task) for key in per_task[0]}
+    return largest | {"runtime": sum(resources["runtime"] for resources in per_task)}
+
+
+def aggregations(plan) -> dict[tuple[str, str], list]:
+    """(task, model) -> the points of a model trained once per seed, each aggregated over its
+    seeds (one job per task and model: ``setdlm aggregate`` over each point's seeds; per task,
+    so that a table's target waits for its own tasks only)."""
+    by_task: dict[tuple[str, str], list] = {}
+    for (task, model, _), point in plan.points.items():
+        if point.seeds:
+            by_task.setdefault((task, model), []).append(point)
+    return by_task
