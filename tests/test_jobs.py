@@ -32,15 +32,20 @@ def _every_seed_point_once(plan, jobs) -> None:
     assert set(filled.values()) == {1}
 
 
-def test_the_default_evaluates_each_model_in_one_job():
+def test_the_default_evaluates_each_model_in_two_jobs_of_all_its_seeds():
     config = tiny_config()
     plan = _plan(config)
     jobs = evaluation_jobs(plan)
     seeds = config["models"]["ar-arith"]["train"]["seeds"]
-    assert set(jobs) == set(config["models"])
+    sampling = "arithmetic-unconditional"
+    assert set(jobs) == {
+        key for model in config["models"] for key in (model, f"{sampling}/{model}")
+    }
     _every_seed_point_once(plan, jobs)
+    assert jobs[f"{sampling}/mdlm-arith"].tasks == (sampling,)
     setdlm = jobs["setdlm-smax8-arith"]
-    assert setdlm.tasks == tuple(config["tasks"])  # every task, in the configuration's order
+    # every other task, in the configuration's order
+    assert setdlm.tasks == tuple(task for task in config["tasks"] if task != sampling)
     assert [point.seed for point in setdlm.points] == sorted(
         seed for seed in seeds for _ in range(len(setdlm.points) // len(seeds))
     )  # seed by seed
@@ -49,7 +54,7 @@ def test_the_default_evaluates_each_model_in_one_job():
 
 
 def test_a_job_per_model_and_seed_holds_every_task_of_one_seed():
-    plan = _plan(_with_jobs({task: "model-seed" for task in tiny_config()["tasks"]}))
+    plan = _plan(_with_jobs({task: "model" for task in tiny_config()["tasks"]}))
     jobs = evaluation_jobs(plan)
     _every_seed_point_once(plan, jobs)
     seeds = tiny_config()["models"]["ar-arith"]["train"]["seeds"]
@@ -73,8 +78,8 @@ def test_kinds_mix_and_a_job_per_point_holds_one_point():
             {
                 "arithmetic-solve": "point",
                 "arithmetic-infill": "task",
-                "arithmetic-unconditional": "model-seed",
-                "likelihood-arithmetic": "model-seed",
+                "arithmetic-unconditional": "model",
+                "likelihood-arithmetic": "model",
             }
         )
     )
@@ -100,6 +105,7 @@ def test_rule_and_log_names_are_unique_identifiers():
 def test_a_job_over_several_tasks_asks_for_the_most_of_each_and_their_summed_runtime():
     config = tiny_config()
     config["resources"]["arithmetic-unconditional"] = {"mem_mb": 6000, "runtime": 45, "cpus": 2}
+    config["tasks"]["arithmetic-unconditional"]["jobs"] = "model-all-seeds"
     plan = _plan(config)
     job = evaluation_jobs(plan)["ar-arith"]
     default = config["resources"]["default"]

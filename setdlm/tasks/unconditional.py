@@ -644,7 +644,7 @@ def first_chunks(documents, tokenizer, length: int, limit: int | None):
 
 
 def reference_text(chunk, tokenizer, protocol: str) -> str:
-    body = list(chunk[1:])  # the chunk's BOS is ours, not part of the text stream
+    body = chunk[1:].tolist()  # the chunk's BOS is ours, not part of the text stream
     return tokenizer.decode(body, skip_special_tokens=protocol == "clean")
 
 

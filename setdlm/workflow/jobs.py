@@ -6,11 +6,15 @@ So points that take seconds share a job, while a point that takes hours has one 
 
 - ``point``: one job per point (and training seed);
 - ``task``: one job per model (and seed) of the task: all its τ points and decoding policies;
-- ``model-seed``: one job per model and seed for all the tasks that say so: every such task's
-  points of the model's seed in one process;
-- ``model``: one job per model for all the tasks that say so, every seed of it: what a
-  process loads once (torch, the judge of sampled problems, the featurizer and its reference
-  features, the scorer) is loaded once per model instead of once per seed.
+- ``task-all-seeds``: the same for every seed of the model at once;
+- ``model``: one job per model (and seed) for all the tasks that say so: every such task's
+  points of the model in one process;
+- ``model-all-seeds``: the same for every seed of the model at once.
+
+Grouping seeds loads what a process needs once (torch, the judge of sampled problems, the
+featurizer and its reference features, the scorer) per model instead of once per seed; fewer,
+longer jobs also pack less evenly on a few cores, which is why the default keeps two jobs per
+model (its sampling task apart).
 
 A job runs its points one after the other (``python -m setdlm.workflow.points job``), each with
 the same guards and ``setdlm eval`` command line as a job of its own: a finished point is never
@@ -29,7 +33,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-JOB_KINDS = ("point", "task", "model-seed", "model")
+JOB_KINDS = ("point", "task", "task-all-seeds", "model", "model-all-seeds")
 DEFAULT_KIND = "task"
 
 
@@ -119,14 +123,12 @@ def job_kind(config: dict, task: str) -> str:
 
 
 def job_key(kind: str, task: str, model: str, point: str, seed: int | None) -> str:
-    seeded = "" if seed is None else f"/seed-{seed}"
+    seeded = "" if seed is None or kind.endswith("-all-seeds") else f"/seed-{seed}"
     if kind == "point":
         return f"{task}/{model}/{point}{seeded}"
-    if kind == "task":
+    if kind.startswith("task"):
         return f"{task}/{model}{seeded}"
-    if kind == "model-seed":
-        return f"{model}{seeded}"
-    return model
+    return f"{model}{seeded}"
 
 
 def evaluation_jobs(plan) -> dict[str, EvalJob]:
