@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
@@ -27,6 +28,10 @@ ORG = "kuleshov-group"
 # ``setdlm models --pin``, which needs a machine that reaches the Hub; an unpinned key loads
 # the repository's main branch, and the commit it resolved to is recorded with every result).
 REVISIONS_FILE = Path(__file__).with_name("published_revisions.json")
+# A revisions table that replaces REVISIONS_FILE for a run (a rehearsal's pins of the commits its
+# local cache holds): an environment variable, so that it reaches every process of a run (the
+# workflow sets it from its configuration's `revisions` key; see revisions_file).
+REVISIONS_ENV = "SETDLM_REVISIONS_FILE"
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 # What each task's checkpoints were trained with (SPEC 4): model length, tokenizer, mask token,
 # the MDLM decoding block of the paper's scripts, and whether chunks start with a kept BOS.
@@ -108,25 +113,31 @@ REVISIONS_EXPECTED = (
 )
 
 
-def pinned_revisions() -> dict[str, str]:
-    """key -> pinned Hub commit, from ``REVISIONS_FILE`` (checked: 40 hex digits each)."""
-    if not REVISIONS_FILE.exists():
+def revisions_file() -> Path:
+    """The revisions table in effect: ``$SETDLM_REVISIONS_FILE`` if set, else the package's."""
+    named = os.environ.get(REVISIONS_ENV)
+    return Path(named).expanduser() if named else REVISIONS_FILE
+
+
+def pinned_revisions(path: Path | None = None) -> dict[str, str]:
+    """key -> pinned Hub commit, from ``path`` (default ``revisions_file()``; checked: 40 hex
+    digits each)."""
+    path = revisions_file() if path is None else Path(path)
+    if not path.exists():
+        if path != REVISIONS_FILE:  # a named table that is not there is a typo, not "no pins"
+            raise RevisionsFileError(f"{REVISIONS_ENV}={path}: no such file; {REVISIONS_EXPECTED}")
         return {}
     try:
-        pins = json.loads(REVISIONS_FILE.read_text(encoding="utf-8"))
+        pins = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:  # ValueError: not JSON, or not even UTF-8 text
         raise RevisionsFileError(
-            f"{REVISIONS_FILE}: not valid JSON ({error}); {REVISIONS_EXPECTED}"
+            f"{path}: not valid JSON ({error}); {REVISIONS_EXPECTED}"
         ) from None
     if not isinstance(pins, dict):
-        raise RevisionsFileError(
-            f"{REVISIONS_FILE}: a JSON {type(pins).__name__}; {REVISIONS_EXPECTED}"
-        )
+        raise RevisionsFileError(f"{path}: a JSON {type(pins).__name__}; {REVISIONS_EXPECTED}")
     bad = {key: value for key, value in pins.items() if not COMMIT.match(str(value))}
     if bad:
-        raise RevisionsFileError(
-            f"{REVISIONS_FILE}: not 40-hex-digit commits: {bad}; {REVISIONS_EXPECTED}"
-        )
+        raise RevisionsFileError(f"{path}: not 40-hex-digit commits: {bad}; {REVISIONS_EXPECTED}")
     return pins
 
 
@@ -191,7 +202,7 @@ def _published() -> dict[str, PublishedModel]:
     unknown = sorted(set(pins) - set(models))
     if unknown:
         raise RevisionsFileError(
-            f"{REVISIONS_FILE}: unknown keys {unknown} (the published ones: `setdlm models`); "
+            f"{revisions_file()}: unknown keys {unknown} (the published ones: `setdlm models`); "
             f"{REVISIONS_EXPECTED}"
         )
     return {key: dataclasses.replace(m, revision=pins.get(key)) for key, m in models.items()}
@@ -236,10 +247,28 @@ class Loaded(NamedTuple):
         """The Hub commit the files are a snapshot of (None for a folder outside a Hub cache)."""
         return snapshot_commit(self.folder)
 
+    def revision_record(self) -> dict | None:
+        """What a result records of a Hub checkpoint's revision: the commit its files are and
+        whether the load was pinned to it (False: the branch's head, as it was then); None for
+        a folder outside a Hub cache."""
+        commit = self.revision
+        if commit is None:
+            return None
+        return {"commit": commit, "pinned": bool(self.spec is not None and self.spec.revision)}
+
     def source(self, name: str) -> str:
         """``name`` as a result identity records it: with the resolved commit for a Hub model,
         so that weights that moved on the Hub give a new identity, never a reused result."""
         return f"{name}@{self.revision}" if self.revision else name
+
+
+def split_source(source: str) -> tuple[str, str | None]:
+    """A recorded model source (``Loaded.source``) as (name, commit): ``gsm8k:ar@<commit>``
+    -> ("gsm8k:ar", "<commit>"); a name without a commit -> (name, None)."""
+    name, _, commit = str(source).rpartition("@")
+    if name and COMMIT.match(commit):
+        return name, commit
+    return str(source), None
 
 
 def snapshot_commit(folder: Path) -> str | None:
@@ -296,6 +325,10 @@ def load_pretrained(name: str, revision: str | None = None) -> Loaded:
     model = load_model(folder)
     if spec is not None:
         model = apply_published_settings(model, spec)
+        # the entry as this load pinned it: a commit given here pins it too (a branch does not)
+        spec = dataclasses.replace(
+            spec, revision=pinned if pinned and COMMIT.match(pinned) else None
+        )
     return Loaded(model, spec, folder)
 
 
@@ -344,7 +377,7 @@ def _cached_main(repo_id: str) -> str | None:
 
 
 def pin_revisions(keys: list[str]) -> dict[str, str]:
-    """Pin ``keys`` to their Hub repositories' current main commits in ``REVISIONS_FILE``.
+    """Pin ``keys`` to their Hub repositories' current main commits in ``revisions_file()``.
 
     Needs the Hub; returns the new pins. Existing pins of other keys are kept.
     """
@@ -363,7 +396,7 @@ def pin_revisions(keys: list[str]) -> dict[str, str]:
         raise CheckpointError("pinning reads the Hub's current commits; the Hub is offline here")
     pins = pinned_revisions()
     new = {spec.key: _main_commit(HfApi(), spec.hub_id) for spec in specs}
-    atomic_write_json(REVISIONS_FILE, dict(sorted({**pins, **new}.items())))
+    atomic_write_json(revisions_file(), dict(sorted({**pins, **new}.items())))
     return new
 
 
@@ -384,7 +417,7 @@ def _main_commit(api, hub_id: str) -> str:
         raise CheckpointError(
             f"{hub_id}: {what} ({type(error).__name__}: {reason}); pinning reads the Hub's "
             f"current commits: run it on a machine that is not offline (nothing was written "
-            f"to {REVISIONS_FILE.name})"
+            f"to {revisions_file().name})"
         ) from None
 
 

@@ -136,13 +136,13 @@ def _add_models_arguments(parser) -> None:
 
 
 def _models(args) -> int:
-    from setdlm.checkpoints.zoo import PUBLISHED, REVISIONS_FILE, pin_revisions
+    from setdlm.checkpoints.zoo import PUBLISHED, pin_revisions, revisions_file
 
     if args.pin:
         keys = list(PUBLISHED) if args.pin == ["all"] else args.pin
         for key, commit in pin_revisions(keys).items():
             print(f"{key:22s} pinned to {commit}")
-        print(f"wrote {REVISIONS_FILE}; commit it so that every run loads these weights")
+        print(f"wrote {revisions_file()}; commit it so that every run loads these weights")
         return 0
     for spec in PUBLISHED.values():
         extra = f"  ({spec.note})" if spec.note else ""
