@@ -94,3 +94,62 @@ def test_a_named_revisions_table_that_is_missing_is_an_error(monkeypatch, tmp_pa
     with pytest.raises(zoo.RevisionsFileError, match="nowhere.json: no such file"):
         zoo.pinned_revisions()
 
+
+def test_a_result_records_its_checkpoints_revision_in_metrics_mlflow_and_tables(
+    cache, monkeypatch, tmp_path
+):
+    """Two likelihood points of the two-revision repository, one pinned to the older commit
+    and one unpinned (main): metrics.json, the MLflow params and the table each say which."""
+    from setdlm.cli import main
+    from setdlm.report.tables import build_tables
+    from setdlm.results.reader import load_results
+    from setdlm.tracking.record import run_record
+    from setdlm.workflow.rehearsal import write_data
+    from setdlm.workflow.train import fetch_checkpoint
+
+    hf_home, entries = cache
+    use_cache(monkeypatch, hf_home)
+    data = tmp_path / "data"
+    write_data(data_path(), data, log=lambda _: None)
+    monkeypatch.setenv("SETDLM_DATA_DIR", str(data))
+    older, main_commit = entries["kuleshov-group/owt-setdlm-smax32"].commits
+    table = tmp_path / "revisions.json"
+    table.write_text(json.dumps({"owt:setdlm-smax32": older}))
+    run = tmp_path / "runs" / "rehearsed"
+    for model, pinned in (("setdlm-smax32", True), ("setdlm-smax32-main", False)):
+        if pinned:
+            monkeypatch.setenv(REVISIONS_ENV, str(table))
+        else:
+            monkeypatch.delenv(REVISIONS_ENV)
+        monkeypatch.setattr(zoo, "PUBLISHED", zoo.PublishedTable())
+        out = run / "likelihood-owt" / model / "default"
+        args = ["eval", "likelihood", "--model", "owt:setdlm-smax32", "--data", "owt"]
+        assert main([*args, "--limit", "1", "--batch-size", "1", "--out", str(out)]) == 0
+        metrics = json.loads((out / "metrics.json").read_text())
+        commit = older if pinned else main_commit
+        assert metrics["config"]["model_revision"] == {"commit": commit, "pinned": pinned}
+        assert metrics["config"]["model_source"] == f"owt:setdlm-smax32@{commit}"
+        # the marker the workflow's fetch job writes beside the run's models
+        entry = {"checkpoint": {"owt": "owt:setdlm-smax32"}}
+        fetch_checkpoint(model, entry, "owt", run / "models" / model, log=lambda _: None)
+    # what the workflow saves as <run>/config.yaml; its substitutions open every table
+    (run / "config.yaml").write_text("substitutions: [stand-in checkpoints]\n")
+    results = load_results(run)
+    params = {p.model: run_record(p).params for p in results.points}
+    assert params["setdlm-smax32"]["checkpoint_revision"] == f"pinned {older}"
+    assert params["setdlm-smax32-main"]["checkpoint_revision"] == f"unpinned {main_commit}"
+    # the result finds its fetch marker and its table entry through the key@commit it records
+    assert params["setdlm-smax32"]["checkpoint_commit"] == older
+    assert params["setdlm-smax32-main"]["checkpoint_commit"] == main_commit
+    assert params["setdlm-smax32"]["checkpoint_hub_id"] == "kuleshov-group/owt-setdlm-smax32"
+    assert {p.published_checkpoint().key for p in results.points} == {"owt:setdlm-smax32"}
+    (likelihood,) = build_tables(results, ["likelihood"])
+    cells = {row["model"]: row["checkpoint"] for row in likelihood.rows}
+    assert cells == {
+        "setdlm-smax32": f"owt:setdlm-smax32 @ {older[:12]} (pinned)",
+        "setdlm-smax32-main": f"owt:setdlm-smax32 @ {main_commit[:12]} (unpinned)",
+    }
+    assert any(note.startswith("checkpoint: the published key") for note in likelihood.notes)
+    assert likelihood.notes[0] == (
+        "SUBSTITUTED in this run (not the paper's setup): stand-in checkpoints"
+    )

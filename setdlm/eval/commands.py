@@ -214,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             limit=args.limit,
             model_source=loaded.source(args.model),
+            model_revision=loaded.revision_record(),
             generator=args.generator,  # both read only with --data arithmetic
             problem_seed=args.problem_seed,
         )

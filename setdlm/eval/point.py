@@ -34,7 +34,14 @@ def evaluate(task, decode: DecodeConfig, args, loaded, tokenizer, out: Path, set
     model = loaded.model
     decode = with_options(decode, model, args)
     metrics = run_evaluation(
-        task, model, tokenizer, decode, out, settings, model_source=loaded.source(args.model)
+        task,
+        model,
+        tokenizer,
+        decode,
+        out,
+        settings,
+        model_source=loaded.source(args.model),
+        model_revision=loaded.revision_record(),
     )
     # the tasks with a paper speed protocol; a shard's point times it once merged
     if getattr(args, "paper_throughput", 0) and settings.shard is None:

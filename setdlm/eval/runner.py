@@ -127,10 +127,18 @@ def pooled(batching: str, batch_size: int) -> bool:
 
 
 def generation_identity(
-    task_name: str, task_settings: dict, model, model_source: str, decode, seed: int
+    task_name: str,
+    task_settings: dict,
+    model,
+    model_source: str,
+    decode,
+    seed: int,
+    model_revision: dict | None = None,
 ) -> dict:
-    """What a generation result depends on (hashed into its config hash)."""
-    return {
+    """What a generation result depends on (hashed into its config hash); a Hub checkpoint's
+    ``model_revision`` (its commit, pinned or not) only where there is one, so that the
+    identities of results computed from folders stay as they were."""
+    identity = {
         "task": task_name,
         "task_settings": task_settings,
         "model_config": model.config.to_dict(),
@@ -139,6 +147,7 @@ def generation_identity(
         "decode": decode.to_dict(),
         "seed": seed,
     }
+    return identity | ({"model_revision": model_revision} if model_revision else {})
 
 
 # ---------------------------------------------------------------------------------- shards
@@ -246,11 +255,12 @@ def run_evaluation(
     out_dir: str | Path,
     settings: RunSettings = RunSettings(),
     model_source: str = "",
+    model_revision: dict | None = None,
 ) -> dict:
     out_dir = Path(out_dir)
     decode = task.decode_config(decode, tokenizer)
     identity = generation_identity(
-        task.name, task.settings(), model, model_source, decode, settings.seed
+        task.name, task.settings(), model, model_source, decode, settings.seed, model_revision
     )
     digest = config_hash(identity)
     finished = finished_result(out_dir, digest, settings.shard)

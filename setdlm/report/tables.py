@@ -144,7 +144,16 @@ TRACE_COLUMNS = [Column("point", "point", csv_only=True), Column("config_hash", 
 
 
 def build_tables(results: Results, names=TABLES) -> list[Table]:
-    """Each table, followed by its per-seed companion where its points aggregate seeds."""
+    """Each table, followed by its per-seed companion where its points aggregate seeds; every
+    one opens with what its run substitutes, where its configuration says (a rehearsal's)."""
+    tables = _tables(results, names)
+    substituted = substitution_notes(results)
+    for table in tables:
+        table.notes[:0] = substituted
+    return tables
+
+
+def _tables(results: Results, names) -> list[Table]:
     builders = {"gsm8k": gsm8k_table, "likelihood": likelihood_table}
     tables = []
     for name in names:
@@ -184,6 +193,49 @@ def code_versions_note(points: list[ResultPoint]) -> str | None:
         f"seeds counts each seed's): {'; '.join(parts)}. Rerun the points of the older versions "
         "to compare like with like."
     )
+
+
+def substitution_notes(results: Results) -> list[str]:
+    """The run configuration's ``substitutions`` (<run>/config.yaml, as the workflow saved it):
+    what a rehearsal puts in place of the real checkpoints, data and scorers."""
+    import yaml
+
+    path = results.run_dir / "config.yaml"
+    if not path.is_file():
+        return []
+    config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    listed = config.get("substitutions") if isinstance(config, dict) else None
+    return [f"SUBSTITUTED in this run (not the paper's setup): {text}" for text in listed or []]
+
+
+def checkpoint_column(points: list[ResultPoint]) -> list[Column]:
+    """The published checkpoint each row decoded, where some row's was one (a Hub snapshot)."""
+    if not any(checkpoint_cell(point) for point in points):
+        return []
+    return [Column("checkpoint", "checkpoint")]
+
+
+def checkpoint_cell(point: ResultPoint) -> str | None:
+    """``key @ commit (pinned|unpinned)`` for a published checkpoint, None for a folder."""
+    from setdlm.checkpoints.zoo import split_source
+
+    revision = point.config.get("model_revision")
+    if not revision:
+        return None
+    key = split_source(point.config.get("model_source") or "")[0]
+    state = "pinned" if revision.get("pinned") else "unpinned"
+    return f"{key} @ {str(revision.get('commit'))[:12]} ({state})"
+
+
+CHECKPOINT_NOTE = (
+    "checkpoint: the published key and the Hub commit its files were; pinned = the revisions "
+    "table in effect named that commit, unpinned = the repository's main branch as it was when "
+    "loaded (nothing holds it there: `setdlm models --pin` on a machine that reaches the Hub)."
+)
+
+
+def checkpoint_notes(points: list[ResultPoint]) -> list[str]:
+    return [CHECKPOINT_NOTE] if checkpoint_column(points) else []
 
 
 def _points_of(spec: TableSpec, results: Results) -> list[ResultPoint]:
@@ -312,13 +364,14 @@ def decoding_table(spec: TableSpec, results: Results) -> Table:
     task_column = [Column("task", "task")] if len(spec.tasks) > 1 else []
     columns = (
         task_column
-        + _identity_columns()
+        + _identity_columns(points)
         + [_column(m) for m in spec.metrics]
         + SPEED_COLUMNS
         + TRACE_COLUMNS
     )
     rows = [_decoding_row(p, spec) for p in points]
     notes = [spec.units, interval_note(points), SPEED_NOTE, *_result_notes(points, spec, results)]
+    notes += checkpoint_notes(points)
     notes += [*policy_notes(points), *aup_notes(points), *separation_notes(points)]
     notes.append(NO_PUBLISHED)
     return Table(spec.key, spec.title, columns, rows, notes)
@@ -379,9 +432,10 @@ def _aup_text(
     return text, True
 
 
-def _identity_columns() -> list[Column]:
+def _identity_columns(points: list[ResultPoint] = ()) -> list[Column]:
     return [
         Column("model", "model"),
+        *checkpoint_column(list(points)),
         Column("policy", "policy"),
         Column("tau", "τ", show=format_tau),
         Column("examples", "examples", 0),
@@ -410,6 +464,7 @@ def _decoding_row(point: ResultPoint, spec: TableSpec) -> dict:
     return {
         "task": point.task,
         "model": point.model,
+        "checkpoint": checkpoint_cell(point),
         "policy": point.policy_name,
         "tau": point.tau,
         "examples": point.metrics.get("examples"),
@@ -506,7 +561,7 @@ def gsm8k_table(results: Results) -> Table:
             rows.append((order, row))
     rows.sort(key=lambda item: item[0])
     columns = (
-        _identity_columns()
+        _identity_columns(points)
         + [_column(m) for m in GSM8K.metrics]
         + SPEED_COLUMNS
         + PUBLISHED_COLUMNS
@@ -516,6 +571,7 @@ def gsm8k_table(results: Results) -> Table:
         f"{GSM8K.units} {GSM8K_DELTAS}",
         SPEED_NOTE,
         *_result_notes(points, GSM8K, results),
+        *checkpoint_notes(points),
         *policy_notes(points),
         *separation_notes(points),
         f"Published numbers: {paper_numbers.PROVENANCE}. Matched by family, size and τ (AR: its "
@@ -531,7 +587,10 @@ def gsm8k_table(results: Results) -> Table:
 
 def _gsm8k_table_without_published(results: Results, points, reasons: dict) -> Table:
     columns = (
-        _identity_columns() + [_column(m) for m in GSM8K.metrics] + SPEED_COLUMNS + TRACE_COLUMNS
+        _identity_columns(points)
+        + [_column(m) for m in GSM8K.metrics]
+        + SPEED_COLUMNS
+        + TRACE_COLUMNS
     )
     rows = [_decoding_row(point, GSM8K) for point in points]
     reason_of = {id(point.metrics): reasons[point.key] for point in points}
@@ -540,6 +599,7 @@ def _gsm8k_table_without_published(results: Results, points, reasons: dict) -> T
         GSM8K.units,
         SPEED_NOTE,
         *_result_notes(points, GSM8K, results),
+        *checkpoint_notes(points),
         *policy_notes(points),
         *separation_notes(points),
         f"Not comparable with the published numbers ({paper_numbers.PROVENANCE}): {why}. "
@@ -608,6 +668,7 @@ def likelihood_table(results: Results) -> Table:
     columns = [
         Column("data", "data"),
         Column("model", "model"),
+        *checkpoint_column(points),
         Column("measures", "measures"),
         Column("examples", "sequences", 0),
         *[_column(m) for m in LIKELIHOOD.metrics],
@@ -617,6 +678,7 @@ def likelihood_table(results: Results) -> Table:
         {
             "data": TASKS[p.task].data,
             "model": p.model,
+            "checkpoint": checkpoint_cell(p),
             "measures": likelihood_measured(p),
             "examples": p.metrics.get("examples"),
             **{m.name: _cell(m, p) for m in LIKELIHOOD.metrics},
@@ -632,7 +694,8 @@ def likelihood_table(results: Results) -> Table:
         notes.append(f"{LIKELIHOOD_ARITHMETIC} ({problems}).")
     if any(p.interval("nll") is not None for p in points):
         notes += [interval_note(points), LIKELIHOOD_INTERVAL]
-    notes += [*_result_notes(points, LIKELIHOOD, results), *separation_notes(points)]
+    notes += [*_result_notes(points, LIKELIHOOD, results), *checkpoint_notes(points)]
+    notes += separation_notes(points)
     notes.append(NO_PUBLISHED)
     return Table(LIKELIHOOD.key, LIKELIHOOD.title, columns, rows, notes)
 

@@ -123,10 +123,11 @@ class ResultPoint:
     def published_checkpoint(self):
         """The published model (setdlm/checkpoints/zoo.py) this point decoded, or None: a
         model folder, trained here or elsewhere."""
-        from setdlm.checkpoints.zoo import resolve
+        from setdlm.checkpoints.zoo import resolve, split_source
 
         source = self.config.get("model_source")
-        return resolve(str(source)) if source else None
+        # a Hub checkpoint's source carries the commit its files were (key@commit)
+        return resolve(split_source(source)[0]) if source else None
 
     def speed(self, name: str) -> float | None:
         return self.metrics.get("speed", {}).get(name)
@@ -415,9 +416,13 @@ def checkpoint_marker(model_source: str, models: Path | None) -> dict | None:
         if path.is_file():
             return read_json(path)
     if models is not None and models.is_dir():
+        from setdlm.checkpoints.zoo import split_source
+
+        # a published checkpoint's source is its key, with the commit its files were
+        key, commit = split_source(model_source)
         for path in sorted(models.glob("checkpoint-*.json")):
             marker = read_json(path)
-            if marker.get("key") == model_source:
+            if marker.get("key") == key and commit in (None, marker.get("commit")):
                 return marker
     return None
 

@@ -164,6 +164,7 @@ def run_likelihood(
     model_source: str = "",
     generator: str | None = None,
     problem_seed: int = 0,
+    model_revision: dict | None = None,
 ) -> dict:
     """Score ``data`` (a held-out set of ``HELDOUT_SETS``, or ``"arithmetic"``) with the model
     into ``out_dir``; the finished ``metrics.json`` of the same configuration is returned as is.
@@ -187,6 +188,8 @@ def run_likelihood(
         "model_source": model_source,
         "weights_sha256": model.weights_sha256,
     }
+    if model_revision:  # a Hub checkpoint's commit, pinned or not (folders' identities unchanged)
+        identity["model_revision"] = model_revision
     if data == ARITHMETIC:  # the held-out sets' identities stay as they were (their hashes)
         version = generator or arithmetic.GENERATOR_VERSION
         identity["limit"] = count = ARITHMETIC_LIMIT if limit is None else limit

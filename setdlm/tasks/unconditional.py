@@ -386,6 +386,7 @@ def run_unconditional(
     out_dir: str | Path,
     settings: RunSettings | None = None,
     model_source: str = "",
+    model_revision: dict | None = None,
 ) -> dict:
     """Generate every sample not yet in ``samples.jsonl`` (with rejection), then score them."""
     out_dir = Path(out_dir)
@@ -393,7 +394,7 @@ def run_unconditional(
     generation = task.generation
     decode = task.decode_config(decode, tokenizer)
     sample_identity = generation_identity(
-        task.name, generation.to_dict(), model, model_source, decode, settings.seed
+        task.name, generation.to_dict(), model, model_source, decode, settings.seed, model_revision
     )
     identity = sample_identity | {"scoring": task.scoring.to_dict()}
     digest = config_hash(identity)
@@ -915,4 +916,5 @@ def run_point(args, loaded, tokenizer, base: DecodeConfig, out: Path, settings) 
         out,
         settings,
         model_source=loaded.source(args.model),
+        model_revision=loaded.revision_record(),
     )

@@ -235,6 +235,9 @@ def _params(point: ResultPoint) -> dict[str, str]:
         # the training seed of this run's model (a point over seeds: "all"; None: one model)
         "training_seed": point.seed if point.seed is not None else ("all" if point.seeds else None),
     }
+    revision = config.get("model_revision")
+    if revision:  # a Hub checkpoint: the commit loaded, and whether the revisions table pinned it
+        values["checkpoint_revision"] = revision_text(revision)
     if point.checkpoint is not None:
         # A digest of every file's sha256 (weights, config, tokenizer) as `setdlm train`
         # recorded them, and for a published checkpoint where it came from.
@@ -267,7 +270,21 @@ def _params(point: ResultPoint) -> dict[str, str]:
     return {_key(k): _text(v, MAX_PARAM_LENGTH) for k, v in values.items()}
 
 
-_CONSUMED = {"task", "task_settings", "model_config", "model_source", "decode", "seed"}
+_CONSUMED = {
+    "task",
+    "task_settings",
+    "model_config",
+    "model_source",
+    "model_revision",
+    "decode",
+    "seed",
+}
+
+
+def revision_text(revision: dict) -> str:
+    """A Hub checkpoint's recorded revision in words: "pinned <commit>" (the revisions table
+    named that commit) or "unpinned <commit>" (the branch's head when it was loaded)."""
+    return f"{'pinned' if revision.get('pinned') else 'unpinned'} {revision.get('commit')}"
 
 
 def _curve(point: ResultPoint) -> str:
