@@ -153,3 +153,22 @@ def test_a_result_records_its_checkpoints_revision_in_metrics_mlflow_and_tables(
     assert likelihood.notes[0] == (
         "SUBSTITUTED in this run (not the paper's setup): stand-in checkpoints"
     )
+
+
+def test_a_published_ar_key_scores_gen_ppl_offline(cache, monkeypatch):
+    """The rehearsal's gen-PPL evaluator (owt:ar, not gpt2-large): loadable offline from the
+    cache, scored through our AR family, its identity naming the commit."""
+    from setdlm.eval.gen_ppl import ARFamilyScorer, load_evaluator
+    from setdlm.util.hub import unreachable
+
+    hf_home, entries = cache
+    use_cache(monkeypatch, hf_home)
+    assert not unreachable("owt:ar")
+    scorer = load_evaluator("owt:ar")
+    assert isinstance(scorer, ARFamilyScorer)
+    assert scorer.identity["name"] == f"owt:ar@{entries['kuleshov-group/owt-ar'].commits[-1]}"
+    ids = scorer.encode("The cat sat on the mat .")
+    assert scorer.next_token_log_probs(ids).shape == (len(ids) - 1,)
+    assert unreachable("gsm8k:ar")  # not in this cache, and the Hub is offline
+    with pytest.raises(ValueError, match="gen-PPL needs a causal LM"):
+        load_evaluator("lm1b:setdlm-smax8")

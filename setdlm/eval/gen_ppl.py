@@ -106,24 +106,42 @@ class HFCausalScorer(CausalScorer):
 
 
 class ARFamilyScorer(CausalScorer):
-    """One of our AR family models (a folder written by ``save_model``) as the evaluator:
-    its backbone under a causal mask, as its training loss scores tokens."""
+    """One of our AR family models as the evaluator (a folder written by ``save_model``, or a
+    published AR checkpoint by key, ``ARFamilyScorer.published``): its backbone under a causal
+    mask, as its training loss scores tokens."""
 
     def __init__(self, folder: str | Path, device="cpu"):
         from setdlm.checkpoints.folders import load_model
         from setdlm.data.tokenizers import load_tokenizer
+
+        self.folder = Path(folder).expanduser()
+        # the name as given: the metric's identity names it this way
+        self._use(str(folder), load_model(self.folder), load_tokenizer(self.folder), device)
+
+    @classmethod
+    def published(cls, key: str, device="cpu") -> ARFamilyScorer:
+        """A published AR checkpoint (``owt:ar``) through the Hub loader; its identity names
+        the key with the commit its files were (``owt:ar@<commit>``)."""
+        from setdlm.checkpoints.zoo import load_pretrained, load_tokenizer_for
+
+        loaded = load_pretrained(key)
+        scorer = cls.__new__(cls)
+        scorer.folder = loaded.folder
+        scorer._use(loaded.source(key), loaded.model, load_tokenizer_for(loaded), device)
+        return scorer
+
+    def _use(self, name: str, model, tokenizer, device) -> None:
         from setdlm.families import family as family_info
 
-        self.name = str(folder)  # as given: the metric's identity names it this way
-        self.folder = Path(folder).expanduser()
-        self.model = load_model(self.folder).to(device).eval()
-        if not family_info(self.model.config.family).left_to_right:
+        if not family_info(model.config.family).left_to_right:
             raise ValueError(
-                f"{self.folder}: gen-PPL needs a causal LM, but this is a "
-                f"{self.model.config.family} model; use an AR model or a Hub causal LM"
+                f"{name}: gen-PPL needs a causal LM, but this is a "
+                f"{model.config.family} model; use an AR model or a Hub causal LM"
             )
-        self.tokenizer = load_tokenizer(self.folder)
-        self.max_context = self.model.config.length
+        self.name = name
+        self.model = model.to(device).eval()
+        self.tokenizer = tokenizer
+        self.max_context = model.config.length
 
     @property
     def identity(self) -> dict:
@@ -149,8 +167,13 @@ class ARFamilyScorer(CausalScorer):
 
 
 def load_evaluator(name: str, device="cpu") -> CausalScorer:
-    """Our AR model folder, else any causal LM folder or Hub id (``gpt2-large`` by default)."""
+    """Our AR model folder or a published AR checkpoint's key (``owt:ar``), else any causal LM
+    folder or Hub id (``gpt2-large`` by default)."""
+    from setdlm.checkpoints.zoo import resolve
+
     folder = Path(name).expanduser()
+    if not folder.exists() and ":" in name and resolve(name) is not None:
+        return ARFamilyScorer.published(name, device=device)
     config = folder / "config.json"
     if config.is_file():
         try:

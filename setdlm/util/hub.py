@@ -23,10 +23,17 @@ def hub_offline(datasets: bool = False) -> bool:
 
 
 def loadable_offline(name: str) -> bool:
-    """A model folder, or a Hub id whose config is in the local cache."""
+    """A model folder, or a Hub id (or a published key's) whose config is in the local cache."""
     if Path(name).expanduser().is_dir():
         return True
     from huggingface_hub import try_to_load_from_cache
+
+    from setdlm.checkpoints.zoo import resolve
+
+    spec = resolve(name) if ":" in name else None
+    if spec is not None:  # a key (owt:ar): its repository's, at its pinned commit if any
+        found = try_to_load_from_cache(spec.hub_id, "config.json", revision=spec.revision)
+        return isinstance(found, str)
 
     try:
         return isinstance(try_to_load_from_cache(name, "config.json"), str)
