@@ -49,7 +49,11 @@ try:
     check_files(
         workflow.overwrite_configfiles or [f"{workflow.basedir}/workflows/config/tiny.yaml"]
     )
+    # the configuration's revisions table (its `revisions`), for this process and every job
+    workflow_plan.use_revisions(config, os.environ, source=CONFIG_FILES)
     PLAN = workflow_plan.build(config, os.environ, source=CONFIG_FILES)
+    # a pinned commit the offline cache lacks fails here, not in its job hours later
+    workflow_plan.check_pins_cached(PLAN, source=CONFIG_FILES)
 except ConfigError as error:
     # The message alone, before any job is queued: it names every bad key (Snakemake's
     # WorkflowError would add a traceback-like location of this line).

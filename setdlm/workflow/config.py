@@ -128,8 +128,16 @@ def read_file(path: str | Path) -> Any:
 
 
 def load_published(path: str | Path = MODELS_PATH) -> dict:
-    """models.yaml: {"checkpoints": {key: settings}, "aliases": {alias: key}}."""
-    return load_yaml(path)
+    """models.yaml: {"checkpoints": {key: settings}, "aliases": {alias: key}}, each key's
+    ``revision`` the one the revisions table in effect pins (setdlm/checkpoints/zoo.py
+    ``revisions_file``: the package's, which models.yaml shows, or a run's own)."""
+    from setdlm.checkpoints.zoo import pinned_revisions
+
+    published = load_yaml(path)
+    pins = pinned_revisions()
+    for key, entry in published["checkpoints"].items():
+        entry["revision"] = pins.get(key)
+    return published
 
 
 def resolve_key(key: str, published: dict) -> dict | None:

@@ -34,10 +34,13 @@ from setdlm.util.git import head_commit
 from setdlm.util.validation import task_settings
 from setdlm.workflow import datasets
 from setdlm.workflow.config import (
+    MODELS_PATH,
+    ConfigError,
     data_dir,
     datasets_needed,
     digest,
     load_published,
+    load_yaml,
     model_policies,
     model_seeds,
     resolve_key,
@@ -624,3 +627,66 @@ def rebuild_after_losses(plan: Plan, apply: bool = True) -> list[str]:
         f"{len(missing)} result file(s) are missing (e.g. {missing[0]}): computing them again, "
         f"and the {len(present)} table, figure and MLflow file(s) built from them"
     ]
+
+
+# ------------------------------------------------------------------------ pinned revisions
+def use_revisions(raw_config: dict, environ, source: str = "") -> None:
+    """Point ``$SETDLM_REVISIONS_FILE`` at the configuration's ``revisions`` table (made
+    absolute), so that the DAG's identities and every job it starts (each reads the variable,
+    and a cluster job parses the Snakefile again, which sets it again) pin the same commits.
+    A table that cannot be read, or names unknown keys, is a ConfigError naming it."""
+    from setdlm.checkpoints.zoo import REVISIONS_ENV, RevisionsFileError, pinned_revisions
+
+    named = raw_config.get("revisions") if isinstance(raw_config, dict) else None
+    if isinstance(named, str) and named:
+        environ[REVISIONS_ENV] = str(Path(named).expanduser().resolve())
+    table = environ.get(REVISIONS_ENV)
+    try:
+        pins = pinned_revisions(Path(table) if table else None)
+    except RevisionsFileError as error:
+        raise ConfigError([f"revisions: {error}"], source) from None
+    known = set(load_yaml(MODELS_PATH)["checkpoints"])
+    unknown = sorted(set(pins) - known)
+    if unknown:
+        raise ConfigError([f"revisions: {table} pins unknown keys {unknown}"], source)
+
+
+def uncached_pins(plan: Plan) -> list[str]:
+    """With the Hub offline, each published checkpoint of the plan pinned to a commit that the
+    local Hugging Face cache does not hold: its job could only fail, after the jobs queued
+    before it ran. One message per (model, domain), naming the key, the commit, the revisions
+    table and the cache (with what the cache holds of that repository instead)."""
+    from setdlm.checkpoints.zoo import revisions_file
+    from setdlm.util.hub import hub_offline
+
+    if not hub_offline():
+        return []
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    published = load_published()
+    problems = []
+    for name, domain in plan.fetched:
+        spec = resolve_key(plan.config["models"][name]["checkpoint"][domain], published)
+        revision = spec["revision"]
+        if revision is None:
+            continue
+        found = try_to_load_from_cache(spec["hub_id"], "config.json", revision=revision)
+        if isinstance(found, str):
+            continue
+        repo = Path(constants.HF_HUB_CACHE) / f"models--{spec['hub_id'].replace('/', '--')}"
+        held = sorted(p.name for p in (repo / "snapshots").glob("*")) if repo.is_dir() else []
+        problems.append(
+            f"models.{name}.checkpoint.{domain}: {spec['key']} ({spec['hub_id']}) is pinned to "
+            f"{revision} by {revisions_file()}, but the local Hugging Face cache "
+            f"{constants.HF_HUB_CACHE} does not hold that commit (it holds "
+            f"{', '.join(held) or 'nothing of that repository'}) and the Hub is offline "
+            "(HF_HUB_OFFLINE): put the snapshot in the cache, or pin the commit it holds"
+        )
+    return problems
+
+
+def check_pins_cached(plan: Plan, source: str = "") -> None:
+    """``uncached_pins`` as one ConfigError, before any job is queued."""
+    problems = uncached_pins(plan)
+    if problems:
+        raise ConfigError(problems, source)
