@@ -172,3 +172,25 @@ def test_a_published_ar_key_scores_gen_ppl_offline(cache, monkeypatch):
     assert unreachable("gsm8k:ar")  # not in this cache, and the Hub is offline
     with pytest.raises(ValueError, match="gen-PPL needs a causal LM"):
         load_evaluator("lm1b:setdlm-smax8")
+
+
+def test_lm1b_likelihood_chunks_with_the_checkpoints_cls_and_sep(cache, monkeypatch, tmp_path):
+    """bert-base-uncased names no BOS or EOS; the LM1B checkpoints' own ([CLS], [SEP]) chunk
+    the held-out text (the rehearsal found every LM1B likelihood point failing here)."""
+    from setdlm.data.text import ChunkedLMDataset
+    from setdlm.tasks.likelihood import run_likelihood
+    from setdlm.workflow.rehearsal import write_data
+
+    hf_home, _ = cache
+    use_cache(monkeypatch, hf_home)
+    write_data(data_path(), tmp_path / "data", log=lambda _: None)
+    monkeypatch.setenv("SETDLM_DATA_DIR", str(tmp_path / "data"))
+    loaded = load_pretrained("lm1b:ar")
+    tokenizer = load_tokenizer_for(loaded)
+    assert tokenizer.bos_token_id is None and tokenizer.eos_token_id is None
+    with pytest.raises(ValueError, match="needs bos and eos"):
+        ChunkedLMDataset(["a sentence of words"], tokenizer, 8)
+    metrics = run_likelihood(loaded.model, tokenizer, "lm1b", tmp_path / "out", limit=2)
+    assert metrics["examples"] == 2
+    rows = ChunkedLMDataset(["one two three four five six"], tokenizer, 4, 101, 102)
+    assert rows.input_ids[:, 0].tolist() == [101, 101]

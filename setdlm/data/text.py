@@ -119,8 +119,15 @@ class TokenRowsDataset(torch.utils.data.Dataset):
         return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
 
 
-def _bos_eos(tokenizer: PreTrainedTokenizerBase, purpose: str) -> tuple[int, int]:
-    bos_id, eos_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+def _bos_eos(
+    tokenizer: PreTrainedTokenizerBase,
+    purpose: str,
+    bos_id: int | None = None,
+    eos_id: int | None = None,
+) -> tuple[int, int]:
+    """The ids given (a checkpoint's own), else the tokenizer's."""
+    bos_id = tokenizer.bos_token_id if bos_id is None else bos_id
+    eos_id = tokenizer.eos_token_id if eos_id is None else eos_id
     if bos_id is None or eos_id is None:
         raise ValueError(
             f"tokenizer {tokenizer.name_or_path!r} needs bos and eos tokens {purpose} "
@@ -134,13 +141,22 @@ class ChunkedLMDataset(TokenRowsDataset):
 
     Every chunk is BOS followed by the next ``length - 1`` tokens of the stream; the tail that
     does not fill a chunk is dropped. Items are ``{"input_ids": (L,), "attention_mask": (L,)}``
-    long tensors (the mask is all ones: chunks have no padding).
+    long tensors (the mask is all ones: chunks have no padding). ``bos_id``/``eos_id``: a
+    model's own (BERT's tokenizer, LM1B's, names none: its checkpoints use [CLS] and [SEP]),
+    else the tokenizer's.
     """
 
-    def __init__(self, documents: Sequence[str], tokenizer: PreTrainedTokenizerBase, length: int):
+    def __init__(
+        self,
+        documents: Sequence[str],
+        tokenizer: PreTrainedTokenizerBase,
+        length: int,
+        bos_id: int | None = None,
+        eos_id: int | None = None,
+    ):
         if length < 2:
             raise ValueError(f"chunk length must be at least 2 (BOS + one token), got {length}")
-        bos_id, eos_id = _bos_eos(tokenizer, "to chunk documents")
+        bos_id, eos_id = _bos_eos(tokenizer, "to chunk documents", bos_id, eos_id)
         encoded = tokenizer(list(documents), add_special_tokens=False)["input_ids"]
         stream = [token for document in encoded for token in [*document, eos_id]]
         body_length = length - 1

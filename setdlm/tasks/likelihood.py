@@ -201,7 +201,15 @@ def run_likelihood(
     if data == ARITHMETIC:
         rows = arithmetic_rows(tokenizer, model.config.length, count, problem_seed, version)
     else:
-        rows = ChunkedLMDataset(heldout_documents(data), tokenizer, model.config.length)
+        # the checkpoint's own BOS and EOS (LM1B's BERT tokenizer has neither: [CLS], [SEP])
+        config = model.config
+        rows = ChunkedLMDataset(
+            heldout_documents(data),
+            tokenizer,
+            config.length,
+            config.bos_token_id,
+            config.eos_token_id,
+        )
         count = len(rows) if limit is None else min(limit, len(rows))
     claim_folder(out_dir, identity, digest)
     ids = [f"{data}-{i}" for i in range(count)]
