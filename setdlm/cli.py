@@ -10,6 +10,7 @@ from setdlm.commands.bench import BENCH
 from setdlm.commands.command import Command, add_commands, forwarded
 from setdlm.commands.evaluation import EVAL, LM_EVAL_TASKS
 from setdlm.commands.models import GENERATE, IMPORT_LEGACY, MODELS, PARITY
+from setdlm.commands.plan import PLAN
 from setdlm.commands.rehearsal import REHEARSAL
 from setdlm.commands.tiny import TINY
 from setdlm.util.errors import ArgumentParser, report
@@ -76,6 +77,7 @@ COMMANDS: tuple[Command, ...] = (
         "a point's per-seed results into its metrics.json (mean, two-level interval)",
     ),
     BENCH,
+    PLAN,
     REHEARSAL,
 )
 BY_NAME = {command.name: command for command in COMMANDS}
