@@ -14,7 +14,8 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 
-.PHONY: install run check reference reference-models test test-fast test-e2e lint bench bench-workflow clean
+.PHONY: install run rehearsal check reference reference-models test test-fast test-e2e lint bench \
+	bench-workflow clean
 
 install: $(STAMP)
 
@@ -30,6 +31,22 @@ $(STAMP): pyproject.toml
 # interruption and it continues.
 run: $(STAMP)
 	$(BIN)/snakemake --profile workflows/profiles/local all_tables
+
+# The paper's DAG rehearsed on this machine's CPU (workflows/config/paper-rehearsal.yaml):
+# every rule, task, table and figure of paper.yaml through the code a cluster run uses, with the
+# stand-in checkpoints in a Hugging Face cache of its own (HF_HOME, offline) and its data folder,
+# both under results/rehearsal/ (git-ignored; rebuilt when their code changes). Resumable.
+REHEARSAL_DIR := results/rehearsal
+REHEARSAL_CONFIG := workflows/config/paper.yaml workflows/config/paper-rehearsal.yaml
+rehearsal: $(REHEARSAL_DIR)/hf/standins.json $(REHEARSAL_DIR)/data/SHA256SUMS
+	HF_HOME=$(abspath $(REHEARSAL_DIR)/hf) HF_HUB_OFFLINE=1 $(BIN)/snakemake \
+	    --profile workflows/profiles/local all_tables --configfile $(REHEARSAL_CONFIG)
+
+$(REHEARSAL_DIR)/hf/standins.json: $(STAMP) setdlm/checkpoints/standins.py setdlm/workflow/rehearsal.py
+	$(BIN)/setdlm rehearsal cache --hf-home $(REHEARSAL_DIR)/hf
+
+$(REHEARSAL_DIR)/data/SHA256SUMS: $(STAMP) setdlm/workflow/rehearsal.py
+	$(BIN)/setdlm rehearsal data --out $(REHEARSAL_DIR)/data
 
 # The committed reference outputs (results/reference/tiny/) replaced by this run's tables and
 # figures: the one way they change. Commit them with the change that explains the difference;

