@@ -35,6 +35,7 @@ from setdlm.families import family as family_info
 from setdlm.families import policy as policy_info
 from setdlm.report import paper_numbers
 from setdlm.report.table import format_tau, hardware_summary
+from setdlm.report.tables import substitution_notes
 from setdlm.results.reader import ResultPoint, Results
 from setdlm.tasks import TASKS, FigureQuality
 from setdlm.util import owned_files
@@ -200,7 +201,10 @@ def draw(spec: FigureSpec, results: Results) -> Figure:
         axes[0].set_ylabel(quality.label)
         if row == 0 and any(c.points for c in curves):
             axes[1].legend(fontsize=7, loc="best")
-    figure.suptitle(f"{spec.title}: quality against speed (run '{results.name}')")
+    title = f"{spec.title}: quality against speed (run '{results.name}')"
+    if substitution_notes(results):  # a rehearsal's: its tables list what it substitutes
+        title += "\nSUBSTITUTED run (stand-ins; its tables' notes say which): not the paper's"
+    figure.suptitle(title)
     figure.text(0.01, 0.01, _footer(points, spec.task), fontsize=7, color="dimgray")
     figure.tight_layout(rect=(0, 0.04, 1, 1))
     return figure

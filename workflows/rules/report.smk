@@ -3,6 +3,10 @@
 # `snakemake table_gsm8k` needs GSM8K only.
 from setdlm.workflow.config import digest
 
+# What a rehearsal substitutes is printed in its tables and figures: a change rebuilds them
+# (nothing is added where there is none, so other runs' parameters stay as they were).
+SUBSTITUTED = [PLAN.config["substitutions"]] if PLAN.config["substitutions"] else []
+
 
 def refuse(message):
     """A target this configuration cannot build: the message alone, exit code 2 (an exception
@@ -40,7 +44,7 @@ for _table in layout.TABLES:
                 [ensure(path, non_empty=True) for path in PLAN.table_files(_table)],
             params:
                 table=_table,
-                config_hash=digest([TABLES, PLAN.table_inputs(_table)]),
+                config_hash=digest([TABLES, PLAN.table_inputs(_table), *SUBSTITUTED]),
                 code_version=CODE_VERSION,
             log:
                 f"{RUN}/logs/table_{_table}.log",
@@ -68,7 +72,7 @@ rule figures:
         [ensure(path, non_empty=True) for path in PLAN.figure_files()],
     params:
         tasks=" ".join(PLAN.figure_tasks()),
-        config_hash=digest([FIGURES, PLAN.figure_tasks()]),
+        config_hash=digest([FIGURES, PLAN.figure_tasks(), *SUBSTITUTED]),
         code_version=CODE_VERSION,
     log:
         f"{RUN}/logs/figures.log",
