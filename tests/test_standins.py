@@ -14,8 +14,8 @@ from setdlm.checkpoints.zoo import REVISIONS_ENV, load_pretrained, load_tokenize
 from setdlm.util.paths import data_path
 
 # Small vocabularies (BERT, GPT-2): seconds to build; owt:setdlm-smax32 has two revisions,
-# owt:ar is a DITLegacy folder.
-KEYS = ("lm1b:ar", "lm1b:setdlm-smax8", "owt:ar", "owt:setdlm-smax32")
+# owt:ar and owt:mdlm are DITLegacy folders.
+KEYS = ("lm1b:ar", "lm1b:setdlm-smax8", "owt:ar", "owt:mdlm", "owt:setdlm-smax32")
 
 
 def use_cache(monkeypatch, hf_home) -> None:
@@ -194,3 +194,32 @@ def test_lm1b_likelihood_chunks_with_the_checkpoints_cls_and_sep(cache, monkeypa
     assert metrics["examples"] == 2
     rows = ChunkedLMDataset(["one two three four five six"], tokenizer, 4, 101, 102)
     assert rows.input_ids[:, 0].tolist() == [101, 101]
+
+
+@pytest.mark.parametrize("key", ["owt:ar", "owt:mdlm"])
+def test_the_owt_legacy_stand_ins_as_lightning_files_import_to_the_hub_folders_model(
+    cache, monkeypatch, tmp_path, key
+):
+    """The OWT AR/MDLM stand-in also as the Lightning file the mdlm/bd3lms codebase saved
+    (setdlm/checkpoints/legacy.py's input): its EMA weights are the Hub folder's, so the import
+    and the Hub loader build the same model."""
+    import torch
+
+    from setdlm.checkpoints.legacy import load_lightning
+    from setdlm.data.tokenizers import load_tokenizer
+
+    hf_home, _ = cache
+    use_cache(monkeypatch, hf_home)
+    spec = zoo.resolve(key)
+    gpt2 = load_tokenizer(data_path("tokenizers", "gpt2"))
+    tokens = standins.task_tokens("owt", gpt2, spec.mask_token)
+    path = tmp_path / "last.ckpt"
+    path.write_bytes(standins.lightning_checkpoint(spec, tokens))
+    imported = load_lightning(path, spec.family, n_heads=standins.HEADS)
+    hub = load_pretrained(key).model
+    assert imported.config.mask_token_id == hub.config.mask_token_id == 50257
+    ours, theirs = imported.backbone.state_dict(), hub.backbone.state_dict()
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[name], theirs[name]) for name in ours)
+    raw = load_lightning(path, spec.family, use_ema=False, n_heads=standins.HEADS)
+    assert not torch.equal(raw.backbone.vocab_embed.embedding, hub.backbone.vocab_embed.embedding)

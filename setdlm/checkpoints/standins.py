@@ -267,6 +267,31 @@ def _draw(name: str, shape: tuple[int, ...], generator) -> numpy.ndarray:
     return numpy.float32(0.1) * values
 
 
+def lightning_checkpoint(spec: PublishedModel, tokens: TaskTokens) -> bytes:
+    """An OWT AR or MDLM stand-in as the mdlm/bd3lms codebase saved it, a Lightning ``.ckpt``
+    (what ``setdlm import-legacy`` reads): ``state_dict`` under ``backbone._orig_mod.<name>``
+    with other (training) weights, and the Hub folder's weights as ``ema.shadow_params`` in
+    the backbone's parameter order, which the official evaluation and the import use."""
+    import torch
+
+    from setdlm.checkpoints.folders import config_from_official, load_state
+    from setdlm.families import build_model
+
+    if not (spec.task == "owt" and spec.family in LEGACY_FAMILIES):
+        raise ValueError(f"{spec.key}: only the OWT AR and MDLM were Lightning files")
+    config = official_config(spec, tokens)
+    evaluated = torch.load(io.BytesIO(random_weights(config, None, _seed(spec.key, 1))))
+    trained = torch.load(io.BytesIO(random_weights(config, None, _seed(spec.key, 2))))
+    model = build_model(config_from_official(config, Path(".")))
+    load_state(model, evaluated, spec.key)
+    ema = [parameter.detach().clone() for _, parameter in model.backbone.named_parameters()]
+    state = {name.replace("backbone.", "backbone._orig_mod.", 1): t for name, t in trained.items()}
+    state |= {"sampling_eps_min": torch.tensor(1e-3), "sampling_eps_max": torch.tensor(1.0)}
+    buffer = io.BytesIO()
+    torch.save({"state_dict": state, "ema": {"shadow_params": ema}, "epoch": 20}, buffer)
+    return buffer.getvalue()
+
+
 # ------------------------------------------------------------------------------ repositories
 def checkpoint_files(spec: PublishedModel, tokens: TaskTokens, variant: int) -> dict[str, bytes]:
     """The files of one revision of ``spec``'s stand-in repository."""
