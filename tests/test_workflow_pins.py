@@ -82,7 +82,6 @@ def test_a_pinned_revision_enters_the_identity_and_an_uncached_one_stops_the_pla
         workflow_plan.use_revisions(_likelihood_config(tmp_path / "none.json"), environ)
 
 
-
 @pytest.mark.slow  # runs snakemake in a subprocess (about 10 s)
 def test_snakemake_refuses_an_uncached_pin_before_queueing_jobs(cache, tmp_path, data_dir):
     """The real DAG build: a configuration whose revisions table pins a commit the offline
