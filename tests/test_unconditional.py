@@ -352,3 +352,45 @@ def test_low_confidence_stop_uses_the_engines_confidences(random_tiny, scorers, 
     records = SampleLog(tmp_path / "samples.jsonl").load().values()
     stopped = [r for r in records if r["stop_reason"] == "low_confidence"]
     assert stopped and all(len(r["output_ids"]) >= 20 for r in stopped)
+
+
+def test_a_point_without_mauve_scores_the_same_samples_and_loads_no_featurizer(
+    random_tiny, scorers, tmp_path
+):
+    """`--no-mauve` (the workflow's mauve_thresholds): the same samples, every other quality
+    the same, no MAUVE, and no featurizer loaded (one that exists nowhere is not refused)."""
+    model, tokenizer = _load(random_tiny, "setdlm")
+    with_mauve = run_unconditional(_task(scorers), model, tokenizer, DecodeConfig(), tmp_path / "a")
+    scoring, _, evaluator = scorers
+    without = UnconditionalTask(
+        TINY_GENERATION,
+        dataclasses.replace(scoring, compute_mauve=False, featurizer="no/such-featurizer"),
+        evaluator=evaluator,
+    )
+    metrics = run_unconditional(without, model, tokenizer, DecodeConfig(), tmp_path / "b")
+    assert without.featurizer is None and "mauve" not in metrics["quality"]
+    assert _samples(tmp_path / "b") == _samples(tmp_path / "a")
+    shared = {k for k in with_mauve["quality"] if not k.startswith("mauve")}
+    assert shared == set(metrics["quality"])
+    assert {k: metrics["quality"][k] for k in shared} == {
+        k: with_mauve["quality"][k] for k in shared
+    }
+    assert metrics["config_hash"] != with_mauve["config_hash"]
+
+
+def test_mauve_thresholds_pick_the_points_that_compute_mauve():
+    import os
+
+    from configs import tiny_config
+
+    from setdlm.workflow.plan import build
+
+    config = tiny_config()
+    config["tasks"]["arithmetic-unconditional"]["mauve_thresholds"] = [1.0e6, 0.5]
+    plan = build(config, os.environ, log=lambda message: None)
+    chosen = {
+        point: "--no-mauve" not in planned.args
+        for (task, model, point, seed), planned in plan.seed_points.items()
+        if task == "arithmetic-unconditional" and model == "bd3lm-s4-arith" and seed == 0
+    }
+    assert chosen == {"tau-1e+06": True, "tau-0.7": False, "tau-0.5": True, "tau-0.3": False}

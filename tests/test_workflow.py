@@ -616,21 +616,28 @@ def test_profile_install_and_paper_dry_run_on_slurm(tmp_path, data_dir):
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     counts = dict(re.findall(r"^(\w+)\s+(\d+)$", output, flags=re.MULTILINE))
-    # the OWT AR and MDLM checkpoints (loadable since they load as DITLegacy) add 8 points
-    assert counts["evaluate"] == "102" and counts["fetch_model"] == "32"
-    assert counts["prepare_data"] == "5" and counts["total"] == "148"
+    # One fetch per model (its four domains); GSM8K's 62 points in 4 shards each, CNN/DM's 8
+    # in 8, the unconditional samples' 8 in 4 (the OWT AR and MDLM checkpoints, loadable as
+    # DITLegacy, included), each point's own job merging its shards; infilling and likelihood
+    # one job per model and task.
+    fetches = {name for name in counts if name.startswith("fetch_")}
+    assert len(fetches) == 8 and {counts[name] for name in fetches} == {"1"}
+    assert counts["evaluate_shard"] == str(62 * 4 + 8 * 8 + 8 * 4)
+    merges = [name for name in counts if re.match(r"evaluate_(gsm8k|cnndm|unconditional)_", name)]
+    assert len(merges) == 62 + 8 + 8
+    assert counts["prepare_data"] == "5" and counts["total"] == "468"
     job = re.search(
-        r"rule evaluate:\n(?:    .*\n)*?    wildcards: task=gsm8k, model=setdlm-smax32, "
-        r"point=tau-0\.6\n    threads: (\d+)\n    resources: (.*)",
+        r"rule evaluate_shard:\n(?:    .*\n)*?    wildcards: where=gsm8k/setdlm-smax32/"
+        r"tau-0\.6, shard=0-of-4\n    threads: (\d+)\n    resources: (.*)",
         output,
     )
-    assert job, "the GSM8K SetDLM-smax32 τ = 0.6 job is not listed"
+    assert job, "the first shard of the GSM8K SetDLM-smax32 τ = 0.6 point is not listed"
     assert job.group(1) == "4"
     resources = dict(item.split("=", 1) for item in job.group(2).split(", "))
     assert resources["gpu"] == "1" and resources["gpu_model"] == "h100"
     assert resources["mem_mb"] == "64000" and resources["runtime"] == "720"
     assert resources["slurm_partition"] == "CHANGE_ME_partition"
-    assert "--threads 4 eval gsm8k --model gsm8k:setdlm-smax32" in output
+    assert "points shard results/runs/paper gsm8k/setdlm-smax32/tau-0.6 0-of-4" in output
     assert not (work / "results").exists()  # a dry run writes nothing
 
 

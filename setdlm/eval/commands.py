@@ -71,6 +71,13 @@ def add_arguments(evaluate) -> None:
         help="SetDLM: cache both contexts first (the paper's setting) or the left one only, "
         "gaps between spans promoted as decoding passes them (the official default)",
     )
+    parsers["unconditional"].add_argument(
+        "--no-mauve",
+        dest="mauve",
+        action="store_false",
+        help="judge and score the samples (gen-PPL, entropy) but compute no MAUVE: no "
+        "featurizer pass (the workflow's mauve_thresholds)",
+    )
     parsers["arithmetic"].add_argument("--variant", choices=variants("arithmetic"), default="solve")
     parsers["likelihood"].add_argument(
         "--data",

@@ -177,6 +177,7 @@ class ScoringSettings:
     bootstrap_base_seed: int = BOOTSTRAP_BASE_SEED
     evaluator: str | None = DEFAULT_EVALUATOR  # None skips gen-PPL
     perplexity: PerplexitySettings = PerplexitySettings()
+    compute_mauve: bool = True  # False: no featurizer pass, no MAUVE (`--no-mauve`)
 
     def __post_init__(self):
         for name, value, allowed in (
@@ -192,7 +193,10 @@ class ScoringSettings:
             raise ValueError(f"num_references must be >= 2, got {self.num_references}")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        values = asdict(self)
+        if self.compute_mauve:  # added later: the identities of points that compute it stay
+            del values["compute_mauve"]
+        return values
 
 
 # ------------------------------------------------------------------------------------ task
@@ -242,7 +246,8 @@ class UnconditionalTask(Task):
                 f"{model.config.length}; lower max_new_tokens"
             )
         self._refuse_unreachable_scorers()
-        self._refuse_short_reference_pool(tokenizer, model.config.length)
+        if self.scoring.compute_mauve:  # the references are MAUVE's
+            self._refuse_short_reference_pool(tokenizer, model.config.length)
         self._prepared = (tokenizer, model)
         if self.generation.grammar is not None and self._judge is None:
             generation = self.generation
@@ -259,12 +264,16 @@ class UnconditionalTask(Task):
         evaluator must be loadable here, or the run would fail after generating them all."""
         scoring, problems = self.scoring, []
         owt_offline = hub_offline(datasets=True) and prepared_documents("owt") is None
-        if scoring.references == "owt" and owt_offline:
+        if scoring.compute_mauve and scoring.references == "owt" and owt_offline:
             problems.append(
                 "--references owt (references: owt) loads OpenWebText from the Hub, which is "
                 "offline here; use --references wikitext2 (offline copy)"
             )
-        if scoring.featurizer != OFFLINE_FEATURIZER and unreachable(scoring.featurizer):
+        if (
+            scoring.compute_mauve
+            and scoring.featurizer != OFFLINE_FEATURIZER
+            and unreachable(scoring.featurizer)
+        ):
             problems.append(
                 f"--featurizer {scoring.featurizer} (featurizer:) is neither a folder nor in the "
                 f"Hugging Face cache, and the Hub is offline; use --featurizer "
@@ -327,7 +336,7 @@ class UnconditionalTask(Task):
         if self._prepared is None:
             raise RuntimeError("aggregate() needs examples(tokenizer, model) to have run first")
         tokenizer, model = self._prepared
-        if self.featurizer is None:
+        if self.featurizer is None and self.scoring.compute_mauve:
             self.featurizer = _featurizer(
                 self.scoring.featurizer, model.device, self.scoring.featurizer_batch_size
             )
@@ -667,7 +676,9 @@ def score_samples(
 ) -> dict:
     """Quality metrics of finished samples: {name: {"value", "definition", ...}}."""
     ids = [r["output_ids"] for r in records]
-    quality = _mauve_metrics(ids, tokenizer, model.config.length, scoring, featurizer)
+    quality = {}
+    if scoring.compute_mauve:
+        quality = _mauve_metrics(ids, tokenizer, model.config.length, scoring, featurizer)
     if evaluator is not None:
         texts = [r["output_text"] for r in records]
         quality["gen_ppl"] = _gen_ppl_metric(texts, evaluator, scoring.perplexity)
@@ -907,6 +918,7 @@ def run_point(args, loaded, tokenizer, base: DecodeConfig, out: Path, settings) 
         featurizer=args.featurizer,
         evaluator=None if args.evaluator == "none" else args.evaluator,
         bootstrap_subsets=args.bootstrap_subsets,
+        compute_mauve=args.mauve,
     )
     return run_unconditional(
         UnconditionalTask(generation, scoring),

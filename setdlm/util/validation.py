@@ -151,8 +151,17 @@ def option(pointer: str):
 
 
 # ----------------------------------------------------------------- task settings as options
-# Task keys that say which jobs exist (the workflow's), not what one evaluation computes.
-NOT_OPTIONS = ("models", "overrides", "policies", "thresholds", "jobs", "shards")
+# Task keys that say which jobs exist (the workflow's), not what one evaluation computes (or,
+# as `mauve_thresholds`, which points compute something: the workflow gives those an option).
+NOT_OPTIONS = (
+    "models",
+    "overrides",
+    "policies",
+    "thresholds",
+    "jobs",
+    "shards",
+    "mauve_thresholds",
+)
 
 
 @dataclass(frozen=True)

@@ -166,6 +166,18 @@ def shard_jobs(plan, run: str) -> dict[tuple[str, str], ShardJob]:
     return found
 
 
+# How much a point of a task costs, relative to one decoded and scored point of another task:
+# sampled problems are featurized for MAUVE and scored for gen-PPL, seconds per point.
+POINT_WEIGHT = {"arithmetic-unconditional": 6, "unconditional": 6}
+
+
+def job_priority(job: EvalJob) -> int:
+    """Snakemake's priority of an evaluation job (below every training's): its points,
+    weighted by what a point of its task costs, so that on a few cores the longest jobs start
+    first and the short ones fill in at the end."""
+    return sum(POINT_WEIGHT.get(point.task, 1) for point in job.points)
+
+
 def job_resources(plan, job: EvalJob) -> dict[str, int]:
     """The largest of each resource its tasks ask for; runtime: the sum of theirs."""
     per_task = [plan.resources(task) for task in job.tasks]

@@ -66,10 +66,20 @@ def seed_folder(seed: int) -> str:
 # setdlm/report/curves.py's files: the summary table (and figure), and every probe
 CURVE_STEMS = ("learning_curves", "learning_curves_points")
 
+# Every training's priority is above this, every evaluation's below it.
+TRAINING_PRIORITY = 1_000_000
 # Resources of a stage that neither the stage nor `resources.default` sets.
 BASE_RESOURCES = {"cpus": 1, "mem_mb": 4000, "runtime": 60, "gpus": 0}
 # Settings that choose which jobs exist rather than what one job computes.
-NOT_PER_POINT = ("models", "thresholds", "overrides", "policies", "jobs", "shards")
+NOT_PER_POINT = (
+    "models",
+    "thresholds",
+    "overrides",
+    "policies",
+    "jobs",
+    "shards",
+    "mauve_thresholds",
+)
 
 
 @dataclass(frozen=True)
@@ -122,13 +132,14 @@ class Plan:
         return "wikitext2" if train_corpus(self.config, name) == "wikitext2" else None
 
     def train_priority(self, name: str) -> int:
-        """Snakemake's priority of a training: above every evaluation (0), the costliest
-        first, so that on a few cores the longest trainings start before anything waits."""
+        """Snakemake's priority of a training: above every evaluation (whose own priorities
+        count its points, setdlm/workflow/jobs.py), the costliest first, so that on a few
+        cores the longest trainings start before anything waits."""
         settings = resolved_train_settings(self.config, name)
         cost = settings["steps"] * settings["batch_size"] * settings["length"]
         # BD3LM and SetDLM run their loss over the noisy and the clean sequence (2L)
         cost *= family_info(self.config["models"][name]["family"]).training_cost
-        return 1 + cost // 1000
+        return TRAINING_PRIORITY + cost // 1000
 
     def train_inputs(self, name: str) -> list[str]:
         dataset = self.train_dataset(name)
@@ -147,6 +158,13 @@ class Plan:
     def model_folder(self, name: str, seed: int | None = None) -> str:
         seeded = f"/{seed_folder(seed)}" if seed is not None else ""
         return f"{self.run}/models/{name}{seeded}"
+
+    def fetched_domains(self) -> dict[str, list[str]]:
+        """model -> the domains whose published checkpoints the plan fetches for it."""
+        found: dict[str, list[str]] = {}
+        for name, domain in self.fetched:
+            found.setdefault(name, []).append(domain)
+        return found
 
     def seeded_models(self) -> list[str]:
         return sorted({name for name, _ in self.trained_seeds})
@@ -350,6 +368,8 @@ def _plan_model_points(plan: Plan, published: dict, task: str, settings: dict, n
         folder = str(result_dir(plan.run, task, name, point))
         # the family's own policy adds nothing: the identities from before policies had names
         decoding = {"tau": tau} | ({"policy": policy} if policy else {})
+        if not computes_mauve(settings, tau):
+            decoding["mauve"] = False
         config_hash = digest({**identity, **decoding})
         if not seeds:
             args = eval_args(task, settings, override, plan, name, model_arg, folder, tau, policy)
@@ -403,6 +423,8 @@ def eval_args(
     if not info.decoding:
         return tuple(str(arg) for arg in args)
     args += ["--threshold", repr(float(tau))]
+    if not computes_mauve(settings, tau):
+        args += ["--no-mauve"]
     if policy is not None:
         args += ["--policy", policy]
     entry = plan.config["models"][name]
@@ -411,6 +433,12 @@ def eval_args(
     if "block_size" in override:
         args += ["--block-size", override["block_size"]]
     return tuple(str(arg) for arg in args)
+
+
+def computes_mauve(settings: dict, tau: float | None) -> bool:
+    """Whether a point of an unconditional task computes MAUVE (its ``mauve_thresholds``)."""
+    chosen = settings.get("mauve_thresholds")
+    return chosen is None or tau in chosen
 
 
 def where_results_are(plan: Plan, environ) -> str:

@@ -56,7 +56,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--config", type=Path, required=True, help="workflow configuration")
     parser.add_argument("--model", required=True, help="a model name under `models`")
     parser.add_argument("--out", type=output_path, required=True, help="the model's folder")
-    parser.add_argument("--domain", default=None, help="fetch only this domain's checkpoint")
+    parser.add_argument(
+        "--domain",
+        nargs="+",
+        default=None,
+        help="fetch only these domains' checkpoints (default: every domain of the model)",
+    )
     parser.add_argument(
         "--work",
         type=output_path,
@@ -113,7 +118,7 @@ def main(argv: list[str]) -> int:
             parser.error(f"--seed: {args.model} has no train.seeds (its one seed is train.seed)")
         work = args.work or _work_folder(args.out, args.model, args.seed)
         return _train_or_stop(args.model, config, args.out, work, args.seed)
-    domains = [args.domain] if args.domain else list(entry["checkpoint"])
+    domains = args.domain or list(entry["checkpoint"])
     for domain in domains:
         if domain not in entry["checkpoint"]:
             parser.error(f"--domain {domain}: models.{args.model}.checkpoint has no {domain} key")

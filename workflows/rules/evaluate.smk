@@ -11,7 +11,13 @@
 import re
 
 from setdlm.workflow.config import digest
-from setdlm.workflow.jobs import aggregations, evaluation_jobs, job_resources, shard_jobs
+from setdlm.workflow.jobs import (
+    aggregations,
+    evaluation_jobs,
+    job_priority,
+    job_resources,
+    shard_jobs,
+)
 
 SHARD_JOBS = shard_jobs(PLAN, RUN)
 
@@ -59,6 +65,8 @@ for _job in evaluation_jobs(PLAN).values():
         benchmark:
             f"{RUN}/benchmarks/{_job.log_name.removesuffix('.log')}.tsv"
         threads: job_threads(_job)
+        # the longest first (setdlm/workflow/jobs.py), after every training
+        priority: job_priority(_job)
         resources:
             **job_rule_resources(_job),
         shell:

@@ -86,20 +86,32 @@ for _model, _seeds in PLAN.copied.items():
             "--seeds {params.seeds} --out {RUN:q}/models/{params.model} > {log:q} 2>&1"
 
 
-rule fetch_model:
-    output:
-        ensure(f"{RUN}/models/{{model}}/checkpoint-{{domain}}.json", non_empty=True),
-    params:
-        config_hash=lambda wildcards: PLAN.fetched[(wildcards.model, wildcards.domain)],
-        code_version=CODE_VERSION,
-    log:
-        f"{RUN}/logs/fetch_{{model}}_{{domain}}.log",
-    benchmark:
-        f"{RUN}/benchmarks/fetch_{{model}}_{{domain}}.tsv"
-    threads: threads_of("fetch")
-    resources:
-        **resources_of("fetch"),
-    shell:
-        "{SETDLM:q} --threads {threads} train --config {RUN:q}/config.yaml "
-        "--model {wildcards.model} --domain {wildcards.domain} "
-        "--out {RUN:q}/models/{wildcards.model} > {log:q} 2>&1"
+# A published checkpoint: fetched into the Hugging Face cache and checked, one job per model
+# for every domain the configuration evaluates it on (one process loads them one after the
+# other: on a cluster, one job's queue wait instead of one per domain).
+for _model, _domains in PLAN.fetched_domains().items():
+
+    rule:
+        name:
+            f"fetch_{_model}".replace("-", "_")
+        output:
+            [
+                ensure(f"{RUN}/models/{_model}/checkpoint-{domain}.json", non_empty=True)
+                for domain in _domains
+            ],
+        params:
+            model=_model,
+            domains=" ".join(_domains),
+            config_hash=[PLAN.fetched[(_model, domain)] for domain in _domains],
+            code_version=CODE_VERSION,
+        log:
+            f"{RUN}/logs/fetch_{_model}.log",
+        benchmark:
+            f"{RUN}/benchmarks/fetch_{_model}.tsv"
+        threads: threads_of("fetch")
+        resources:
+            **resources_of("fetch"),
+        shell:
+            "{SETDLM:q} --threads {threads} train --config {RUN:q}/config.yaml "
+            "--model {params.model} --domain {params.domains} "
+            "--out {RUN:q}/models/{params.model} > {log:q} 2>&1"
