@@ -173,7 +173,7 @@ def test_an_unconditional_run_without_a_judge_keeps_its_identity():
 def test_the_default_plans_sampled_problems_as_unconditional_commands(data_dir):
     plan = build(tiny_config(), {"SETDLM_DATA_DIR": str(data_dir)})
     points = {key for key in plan.points if key[0] == "arithmetic-unconditional"}
-    assert len(points) == 1 + 2 + 2 * 4  # AR one point, MDLM two, BD3LM and SetDLM four τ
+    assert len(points) == 1 + 1 + 2 * 4  # AR and MDLM one point, BD3LM and SetDLM four τ
     point = plan.seed_point("arithmetic-unconditional", "setdlm-smax8-arith", "tau-0.5", 1)
     args = list(point.args)
     assert args[0] == "unconditional" and "--variant" not in args

@@ -56,7 +56,7 @@ def test_every_command_s_help_exits_0(name, capsys):
 
 def test_bench_lists_its_commands_and_each_one_s_help_exits_0(capsys):
     assert _exit_code(["bench", "--help"]) == 0
-    assert "{real-size,gpu,decode}" in capsys.readouterr().out
-    for name in ("real-size", "gpu", "decode"):
+    assert "{real-size,gpu,decode,workflow}" in capsys.readouterr().out
+    for name in ("real-size", "gpu", "decode", "workflow"):
         assert _exit_code(["bench", name, "--help"]) == 0
         assert capsys.readouterr().out.startswith(f"usage: setdlm bench {name} ")

@@ -31,7 +31,8 @@ def test_the_overlay_keeps_every_job_of_the_paper_and_states_its_substitutions(r
     assert set(plan.fetched) == set(paper.fetched) and len(plan.fetched) == 32
     assert set(plan.data) == set(paper.data)
     assert all(identity["source"] == "dir" for identity in plan.data.values())
-    assert len(plan.config["substitutions"]) == 3
+    # checkpoints, data, scorers, and how its jobs are grouped on a CPU
+    assert len(plan.config["substitutions"]) == 4
     unconditional = plan.point("unconditional", "setdlm-smax8", "tau-1e+06").command
     assert (
         "--evaluator owt:ar" in unconditional

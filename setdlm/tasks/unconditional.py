@@ -654,7 +654,9 @@ def first_chunks(documents, tokenizer, length: int, limit: int | None):
 
 
 def reference_text(chunk, tokenizer, protocol: str) -> str:
-    body = chunk[1:].tolist()  # the chunk's BOS is ours, not part of the text stream
+    # the chunk's BOS is ours, not part of the text stream; ids as Python ints (a tensor's
+    # elements one by one would cost the tokenizer a conversion each)
+    body = torch.as_tensor(chunk)[1:].tolist()
     return tokenizer.decode(body, skip_special_tokens=protocol == "clean")
 
 

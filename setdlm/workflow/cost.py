@@ -122,14 +122,14 @@ def _model_length(plan, task: str, model: str) -> int:
 
 
 def costs(plan) -> list[RuleCost]:
-    """Jobs, GPUs and GPU seconds per rule of the plan (the Snakefile's rules, by name)."""
-    from setdlm.workflow.points import seed_sweeps
+    """Jobs, GPUs and GPU seconds per rule of the plan (the Snakefile's rules; the evaluation
+    jobs, one rule each, under "evaluate", and a point's shards under "evaluate_shard")."""
+    from setdlm.workflow.jobs import evaluation_jobs, job_resources
 
     rules: dict[str, RuleCost] = {}
 
-    def add(rule, stage, jobs=1, seconds=0.0, bound=0.0, task=None):
+    def add(rule, gpus, jobs=1, seconds=0.0, bound=0.0, task=None):
         cost = rules.setdefault(rule, RuleCost(rule))
-        gpus = plan.resources(stage)["gpus"] if stage else 0
         cost.jobs += jobs
         cost.gpus = max(cost.gpus, gpus)
         used = gpus * (jobs * JOB_OVERHEAD_S + seconds) if gpus else 0.0
@@ -140,37 +140,52 @@ def costs(plan) -> list[RuleCost]:
             part = cost.tasks.setdefault(task, [0, 0.0, 0.0])
             part[0], part[1], part[2] = part[0] + jobs, part[1] + used, part[2] + bounded
 
+    def gpus(stage):
+        return plan.resources(stage)["gpus"]
+
     for _ in plan.data:
-        add("prepare_data", "data")
+        add("prepare_data", gpus("data"))
     if plan.data:
-        add("data_manifest", None)
+        add("data_manifest", 0)
     seeded = set(plan.seeded_models())
     for name in plan.trained:
         if name not in seeded:
-            add("train_model", "train")
-    for _ in plan.trained_seeds:
-        add("train_model_seed", "train")
-    for _ in plan.fetched:
-        add("fetch_model", "fetch")
-    for point in plan.points.values():
-        if point.seeds:
-            add("aggregate_seeds", None)
+            add("train_model", gpus("train"))
+    for name, _ in plan.trained_seeds:
+        if name not in plan.copied:
+            add("train_model_seed", gpus("train"))
+    for _ in plan.copied:
+        add("copy_reference", 0)
+    for _ in plan.fetched_domains():
+        add("fetch", gpus("fetch"))
+    for job in evaluation_jobs(plan).values():
+        per_job = job_resources(plan, job)["gpus"]
+        if job.shards > 1:  # its examples decoded by its shards, then merged and scored
+            seconds, bound = point_cost(plan, job.points[0])
+            task = job.points[0].task
+            add("evaluate_shard", per_job, job.shards, seconds, bound, task)
+            add("evaluate", per_job, 1, 0.0, 0.0, task)
             continue
-        seconds, bound = point_cost(plan, point)
-        add("evaluate", point.task, 1, seconds, bound, point.task)
-    for (task, model, _), names in seed_sweeps(plan).items():
-        for seed in sorted(s for m, s in plan.trained_seeds if m == model):
-            work = [point_cost(plan, plan.seed_point(task, model, n, seed)) for n in names]
-            add("evaluate_sweep", task, 1, sum(w[0] for w in work), sum(w[1] for w in work), task)
+        for index, point in enumerate(job.points):  # one job: its overhead counted once
+            seconds, bound = point_cost(plan, point)
+            add("evaluate", per_job, int(index == 0), seconds, bound, point.task)
+    for _ in jobs_of_aggregation(plan):
+        add("aggregate", 0)
     for table in plan.tables():
-        add(f"table_{table}", None)
+        add(f"table_{table}", 0)
     if plan.figure_files():
-        add("figures", None)
+        add("figures", 0)
     if plan.curve_files():
-        add("learning_curves", None)
-    add("sync_mlflow", None)
-    add("all_tables", None)
+        add("learning_curves", 0)
+    add("sync_mlflow", 0)
+    add("all_tables", 0)
     return list(rules.values())
+
+
+def jobs_of_aggregation(plan) -> list:
+    from setdlm.workflow.jobs import aggregations
+
+    return list(aggregations(plan))
 
 
 def render(rules: list[RuleCost]) -> str:
@@ -195,7 +210,9 @@ def render(rules: list[RuleCost]) -> str:
         "",
         "GPU hours = GPUs x (jobs x "
         f"{JOB_OVERHEAD_S:.0f} s overhead + examples x tokens / (tokens per second at batch 1)); "
-        "the bound decodes every example's whole budget. Speeds: SPEC 6.1's published GSM8K "
+        "every example is priced at batch 1, though only the timed ones decode one at a time "
+        "(the others in batches: fewer hours); the bound decodes every example's whole budget. "
+        "Speeds: SPEC 6.1's published GSM8K "
         "tok/s by family, size and τ (other sizes, MDLM and the other tasks as "
         "setdlm/workflow/cost.py states); likelihood: sequences x length / "
         f"{FORWARD_TOKENS_PER_S:.0f} tok/s.",
