@@ -98,7 +98,8 @@ def test_the_wheel_works_from_an_unrelated_folder(tmp_path):
     assert "kuleshov-group/gsm8k-bd3lm-s4" in _run([setdlm, "models"], cwd=elsewhere)
     out = elsewhere / "eval"
     _run(
-        [setdlm, "eval", "arithmetic", "--model", str(MODEL), "--out", str(out), "--limit", "4"],
+        [setdlm, "eval", "arithmetic", "--model", str(MODEL), "--out", str(out), "--limit", "4"]
+        + ["--generator", "arithmetic-4"],
         cwd=elsewhere,
     )
     metrics = json.loads((out / "metrics.json").read_text())

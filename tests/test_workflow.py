@@ -130,7 +130,14 @@ def _set(config: dict, dotted: str, value) -> dict:
     return config
 
 
-DELETE = object()
+class _Deleted:
+    """A key removed from the configuration (its repr names it, the same in every process)."""
+
+    def __repr__(self) -> str:
+        return "DELETED"
+
+
+DELETE = _Deleted()
 # (base, key to set, value, the key the error must name, and a phrase it must say)
 BAD_CONFIGS = [
     (_tiny, "colour", "red", "colour", "unknown key"),
