@@ -21,6 +21,7 @@ from contextlib import contextmanager
 
 import torch
 
+from setdlm.core.decoding.parallelism import tokens_per_forward
 from setdlm.eval.records import speed_protocol
 
 
@@ -73,6 +74,7 @@ def decoding_fields(
         latency, share = call_seconds, call_seconds / batch_size
     return {
         "generated_tokens": output.num_generated[row],
+        "content_tokens": output.num_content[row],
         "stopped": output.stopped[row],
         "nfe": output.row_forwards[row],
         "steps": output.row_steps[row],
@@ -91,6 +93,17 @@ def _percentile(values: list[float], q: float) -> float:
     low = int(position)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _tokens_per_forward(counted: list[dict]) -> dict:
+    """Beside the official parallelism factor (``parallelism``, what the paper plots), tokens
+    per forward: each example's text tokens (EOS and padding excluded) over its NFE, the mean
+    over the examples as the factor's is (setdlm/core/decoding/parallelism.py). Absent for
+    records written before ``content_tokens`` was."""
+    if not all("content_tokens" in r for r in counted):
+        return {}
+    values = [tokens_per_forward(r["content_tokens"], r["nfe"]) for r in counted]
+    return {"tokens_per_forward_mean": statistics.mean(values)}
 
 
 def summarize_speed(records: list[dict]) -> dict:
@@ -135,6 +148,7 @@ def summarize_speed(records: list[dict]) -> dict:
         "nfe_mean": statistics.mean(r["nfe"] for r in counted),
         "nfe_total": sum(r["nfe"] for r in counted),
         "parallelism_mean": statistics.mean(r["parallelism"] for r in counted),
+        **_tokens_per_forward(counted),
         # backbone positions computed per generated token: 1 for AR with a cache, more for
         # families that recompute or predict positions they do not commit
         "positions_per_token": per_token,

@@ -553,6 +553,7 @@ def _record(task, example, attempts: list[dict], tokenizer, warmup: bool, timed:
         | {"unigram_entropy": unigram_entropy(ids), "length": len(ids)},
         # Speed fields cover every attempt: what producing this sample cost.
         "generated_tokens": sum(a["decoded_tokens"] for a in attempts),
+        "content_tokens": sum(a["content_tokens"] for a in attempts),
         "stopped": final["stop_reason"] != "max_new_tokens",
         "nfe": sum(a["nfe"] for a in attempts),
         "steps": steps,

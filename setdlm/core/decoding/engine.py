@@ -33,6 +33,7 @@ import torch
 
 from setdlm.core.decoding import processors
 from setdlm.core.decoding.config import DecodeConfig, PolicyOptions
+from setdlm.core.decoding.parallelism import content_tokens, end_ids, parallelism_factor
 from setdlm.core.decoding.sampling import (
     choose_tokens,
     greedy_tokens,
@@ -161,10 +162,14 @@ class GenerationOutput:
     # Probability of each new token under the distribution it was picked from, when committed.
     new_token_confidences: list[list[float]]
     num_generated: list[int]  # counted generated tokens (stop point included, no padding)
+    # the generated tokens that are text (EOS and padding excluded): tokens per forward's
+    num_content: list[int]
     row_forwards: list[int]  # backbone forwards each row took part in
     row_steps: list[int]  # forwards in which each row committed predictions
     row_positions: list[int]  # positions each row fed the backbone, over all its forwards
-    parallelism: list[float]  # tokens committed per decoding step, per row
+    # the official parallelism factor per row: tokens committed per decoding step, EOS and
+    # positions after it included (setdlm/core/decoding/parallelism.py)
+    parallelism: list[float]
     stopped: list[bool]  # the row met a stop condition before its budget ran out
     # Wall time from the row's start to its end: the whole call in a static batch, the row's
     # own time in the pool with continuous batching.
@@ -242,7 +247,13 @@ def generate(
         _step(family, policy, rows, plans, cache, forward, config, stop_rule)
     wall = time.perf_counter() - start_wall
     timing = RowTiming(latency=[wall] * len(rows), share=[wall / len(rows)] * len(rows))
-    return collect(rows, mask_id, timing, forward.calls, forward.seconds, wall)
+    ends = end_token_ids(family, config)
+    return collect(rows, mask_id, timing, forward.calls, forward.seconds, wall, ends)
+
+
+def end_token_ids(family, config: DecodeConfig) -> frozenset[int]:
+    """The ids that are not text in a decode: its stop ids, the model's EOS and padding."""
+    return end_ids(config.eos_token_ids, family.config.eos_token_id, family.config.pad_token_id)
 
 
 def cache_capacity(family, canvas_lengths) -> int:
@@ -493,9 +504,16 @@ class RowTiming:
 
 
 def collect(
-    rows, mask_id, timing: RowTiming, nfe: int, forward_seconds: float, wall_seconds: float
+    rows,
+    mask_id,
+    timing: RowTiming,
+    nfe: int,
+    forward_seconds: float,
+    wall_seconds: float,
+    end_ids: frozenset[int],
 ) -> GenerationOutput:
-    """The ``GenerationOutput`` of finished rows, in the order given."""
+    """The ``GenerationOutput`` of finished rows, in the order given (``end_ids``: the ids that
+    are not text, ``end_token_ids``)."""
     output_ids, new_ids, new_confidences = [], [], []
     for row in rows:
         kept = row.generated if row.stop_at is None else row.generated[: row.stop_at]
@@ -512,10 +530,11 @@ def collect(
         new_token_ids=new_ids,
         new_token_confidences=new_confidences,
         num_generated=[len(n) for n in new_ids],
+        num_content=[content_tokens(n, end_ids) for n in new_ids],
         row_forwards=[row.forwards for row in rows],
         row_steps=[row.steps for row in rows],
         row_positions=[row.positions_evaluated for row in rows],
-        parallelism=[row.committed / row.steps if row.steps else 0.0 for row in rows],
+        parallelism=[parallelism_factor(row.committed, row.steps) for row in rows],
         stopped=[row.stop_at is not None for row in rows],
         row_latency_seconds=list(timing.latency),
         row_share_seconds=list(timing.share),

@@ -41,6 +41,7 @@ from setdlm.core.decoding.engine import (
     cache_capacity,
     checked_stop_after,
     collect,
+    end_token_ids,
 )
 from setdlm.core.decoding.stopping import StopRule
 from setdlm.core.kv_cache import KVCache
@@ -91,7 +92,8 @@ def generate_continuous(
         latency=[pool.latency[i] for i in order], share=[pool.share[i] for i in order]
     )
     finished = [pool.finished[i] for i in order]
-    return collect(finished, pool.mask_id, timing, pool.forward.calls, pool.forward.seconds, wall)
+    forwards, seconds = pool.forward.calls, pool.forward.seconds
+    return collect(finished, pool.mask_id, timing, forwards, seconds, wall, pool.end_ids)
 
 
 class _Pool:
@@ -101,6 +103,7 @@ class _Pool:
         self.family, self.prompts, self.config, self.seeds = family, prompts, config, seeds
         self.device = family.device
         self.mask_id = family.config.mask_token_id
+        self.end_ids = end_token_ids(family, config)
         self.policy: OrderPolicy = family.decode_policy(config, **(options or {}))
         self.stop_rule = StopRule(config, tokenizer)
         self.on_finished: FinishedCallback | None = None
@@ -215,7 +218,13 @@ class _Pool:
         if self.on_finished is not None:
             timing = RowTiming(latency=[self.latency[row.index]], share=[self.share[row.index]])
             one = collect(
-                [row], self.mask_id, timing, row.forwards, row.forward_seconds, timing.latency[0]
+                [row],
+                self.mask_id,
+                timing,
+                row.forwards,
+                row.forward_seconds,
+                timing.latency[0],
+                self.end_ids,
             )
             self.on_finished(row.index, one)
 
