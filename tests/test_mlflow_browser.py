@@ -49,7 +49,15 @@ CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 ARTIFACTS = Path(os.environ.get("SETDLM_CI_ARTIFACTS", REPO / "build" / "ci-artifacts"))
 SCREENSHOTS = ARTIFACTS / "mlflow-ui"
 WAIT_SECONDS = 90  # for the UI to start, a page to show its charts or table
-KEY_METRICS = ("accuracy", "quality_low", "quality_high", "parallelism", "tokens_per_second", "nfe")
+KEY_METRICS = (
+    "accuracy",
+    "quality_low",
+    "quality_high",
+    "parallelism",
+    "tokens_per_forward",
+    "tokens_per_second",
+    "nfe",
+)
 
 
 def _missing_browser() -> str | None:
@@ -467,7 +475,9 @@ def test_the_printed_link_opens_the_speed_quality_scatter_coloured_by_family(
     # The sweeps, with their summaries: one row per curve (AR; MDLM and BD3LM, each with two
     # policies; SetDLM).
     sweeps_link = next(link for link in ui["links"] if "setdlm-tiny-sweeps" in link)
-    columns = [f"metrics.`{name}`" for name in ("best_accuracy", "aup", "points")]
+    columns = [
+        f"metrics.`{name}`" for name in ("best_accuracy", "aup", "aup_tokens_per_forward", "points")
+    ]
     _open(browser, sweeps_link, "sweeps", TABLE, columns, ["6 matching runs", "bd3lm-s4-arith"])
     shots["sweeps"] = _screenshot(browser, "3-sweeps")
 

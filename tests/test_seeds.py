@@ -159,6 +159,7 @@ def _run_with_pair(
                 solved = _solved(rate, rng)
                 speed = {
                     "parallelism_mean": parallelism,
+                    "tokens_per_forward_mean": 0.9 * parallelism,
                     "tokens_per_second_mean": 50 * parallelism,
                 }
                 _write_seed(point, seed, solved, family, tau, scores, **speed)
@@ -250,8 +251,8 @@ def test_the_unconditional_figure_draws_mauve_under_correctness(tmp_path):
     )
     figure = draw(FIGURES[claims.UNCONDITIONAL], load_results(run))
     labels = [ax.get_ylabel() for ax in figure.axes]
-    assert len(figure.axes) == 4
-    assert labels[0] == "correct samples (%)" and labels[2] == "MAUVE (offline featurizer)"
+    assert len(figure.axes) == 2 * 3  # speed, the parallelism factor, tokens per forward
+    assert labels[0] == "correct samples (%)" and labels[3] == "MAUVE (offline featurizer)"
     for ax in figure.axes:  # two families, each a bold mean over faint per-seed lines
         assert len(ax.get_lines()) >= 2 * (1 + 3)
     assert FIGURES["arithmetic-solve"].rows == (FIGURES["arithmetic-solve"],)

@@ -627,6 +627,7 @@ def test_key_metrics_times_and_sweeps_as_the_ui_shows_them(results):
         assert logged["quality"] == pytest.approx(metrics["quality"]["rougeL"]["value"])
         assert logged["tokens_per_second"] == pytest.approx(speed["tokens_per_second_mean"])
         assert logged["parallelism"] == pytest.approx(speed["parallelism_mean"])
+        assert logged["tokens_per_forward"] == pytest.approx(speed["tokens_per_forward_mean"])
         assert logged["nfe"] == pytest.approx(speed["nfe_mean"])
         assert run.data.tags["setdlm.quality"].startswith("quality = quality.rougeL")
         # The run's start and end are the evaluation's, not the sync's.
@@ -908,18 +909,19 @@ def test_saved_views_open_the_key_columns_and_the_speed_quality_charts(small_res
     assert state["groupBy"]["groupByKeys"] == [{"mode": "param", "groupByData": "family"}]
     assert (state["orderByKey"], state["orderByAsc"]) == ("metrics.`accuracy`", False)
     scatters = [(c["xaxis"]["key"], c["yaxis"]["key"]) for c in state["compareRunCharts"]]
-    axes = ("parallelism", "tokens_per_second", "tau_log10")
+    axes = ("parallelism", "tokens_per_forward", "tokens_per_second", "tau_log10")
     assert scatters == [(x, "accuracy") for x in axes]
     first = state["compareRunSections"][0]
     assert all(c["metricSectionId"] == first["uuid"] for c in state["compareRunCharts"])
     assert first["display"] and not any(s["display"] for s in state["compareRunSections"][1:])
     columns = points.state["selectedColumns"]
     assert columns[:3] == ["params.`model`", "params.`policy`", "params.`tau`"]
-    key_metrics = ("accuracy", "quality_low", "quality_high", "parallelism", "tokens_per_second")
-    assert columns[3:9] == [f"metrics.`{m}`" for m in (*key_metrics, "nfe")]
+    key_metrics = ("accuracy", "quality_low", "quality_high", "parallelism", "tokens_per_forward")
+    assert columns[3:10] == [f"metrics.`{m}`" for m in (*key_metrics, "tokens_per_second", "nfe")]
     assert points.state["columnOrder"][1:] == columns
     assert sweeps.state["searchFilter"].startswith("tags.`setdlm.level` = 'sweep'")
     assert "metrics.`aup`" in sweeps.state["selectedColumns"]
+    assert "metrics.`aup_tokens_per_forward`" in sweeps.state["selectedColumns"]
     assert sweeps.state["orderByKey"] == "metrics.`aup`" and sweeps.state["orderByAsc"] is False
     # likelihood: lower is better, a bar chart, the best (lowest) first
     nll = {v.key: v for v in experiment_views(likelihood)}["setdlm-tiny-charts"]

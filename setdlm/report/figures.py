@@ -1,9 +1,12 @@
 """Speed-quality Pareto figures, one per decoding task, from the result files of one run.
 
-Each figure has two panels with the same quality axis (GSM8K accuracy, ROUGE-L, MAUVE): against
-tokens per second and against the parallelism factor (tokens committed per step); a task that
-names further qualities in its figure row (setdlm/tasks/__init__.py: the sampled arithmetic
-problems' MAUVE under their correctness) gets one more such pair of panels per quality. One curve
+Each figure has three panels with the same quality axis (GSM8K accuracy, ROUGE-L, MAUVE):
+against tokens per second, against the official parallelism factor (tokens committed per step,
+EOS and positions after it included: the paper's axis) and, beside it, against tokens per
+forward (text tokens over NFE; setdlm/core/decoding/parallelism.py); a task that names further
+qualities in its figure row (setdlm/tasks/__init__.py: the sampled arithmetic problems' MAUVE
+under their correctness) gets one more such row of panels per quality. The published GSM8K
+curves have no tokens per forward, so they are drawn in the first two panels only. One curve
 per family and size, its points in sweep order (τ from large to small), each with its 95 %
 bootstrap interval as an error bar where the evaluation recorded one, and its τ beside it
 unless that label would overprint another (the tables list every τ). A model trained once per
@@ -76,7 +79,8 @@ FIGURES = {
 LABEL_SPACING = 0.045
 X_AXES = (
     ("tokens_per_second", "speed (tokens/s, mean over examples)"),
-    ("parallelism", "parallelism factor (tokens per step)"),
+    ("parallelism", "parallelism factor (tokens committed per step)"),
+    ("tokens_per_forward", "tokens per forward (text tokens / NFE)"),
 )
 PNG_METADATA = {"Software": None}
 PDF_METADATA = {"Creator": None, "Producer": None, "CreationDate": None}
@@ -87,7 +91,8 @@ class Curve:
     family: str
     size: int | None
     published: bool
-    points: list[dict] = field(default_factory=list)  # tau, tokens_per_second, parallelism, y
+    # tau, tokens_per_second, parallelism, tokens_per_forward, y
+    points: list[dict] = field(default_factory=list)
     policy: str | None = None  # a decoding policy other than the family's own
 
     @property
@@ -123,6 +128,7 @@ def our_curves(points: list[ResultPoint], spec: FigureSpec | FigureQuality) -> l
                 "tau": point.tau,
                 "tokens_per_second": point.speed("tokens_per_second_mean"),
                 "parallelism": point.speed("parallelism_mean"),
+                "tokens_per_forward": point.speed("tokens_per_forward_mean"),
                 "y": None if value is None else value * spec.scale,
                 "low": None if low is None else low * spec.scale,
                 "high": None if high is None else high * spec.scale,
@@ -140,6 +146,7 @@ def _seed_point(seed: dict, spec: FigureSpec | FigureQuality) -> dict:
         "seed": seed["seed"],
         "tokens_per_second": speed.get("tokens_per_second_mean"),
         "parallelism": speed.get("parallelism_mean"),
+        "tokens_per_forward": speed.get("tokens_per_forward_mean"),
         "y": None if value is None else value * spec.scale,
     }
 
@@ -161,6 +168,7 @@ def published_curves(task: str, points: list[ResultPoint]) -> list[Curve]:
                     "tau": p.tau,
                     "tokens_per_second": p.tokens_per_second,
                     "parallelism": p.parallelism,
+                    "tokens_per_forward": None,  # not published
                     "y": p.accuracy_percent,
                 }
                 for p in series.points
@@ -184,8 +192,9 @@ def _sorted(curves: list[Curve]) -> list[Curve]:
 
 def draw(spec: FigureSpec, results: Results) -> Figure:
     points = results.for_task(spec.task)
-    figure = Figure(figsize=(11, 4.4 if len(spec.rows) == 1 else 4.0 * len(spec.rows) + 0.4))
-    grid = figure.subplots(len(spec.rows), 2, sharey="row", squeeze=False)
+    height = 4.4 if len(spec.rows) == 1 else 4.0 * len(spec.rows) + 0.4
+    figure = Figure(figsize=(15, height))
+    grid = figure.subplots(len(spec.rows), len(X_AXES), sharey="row", squeeze=False)
     for row, (quality, axes) in enumerate(zip(spec.rows, grid, strict=True)):
         curves = our_curves(points, quality)
         if row == 0:  # the published points are of the headline quality

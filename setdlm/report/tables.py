@@ -123,18 +123,22 @@ SPEED_COLUMNS = [
     Column("tokens_per_second", "tok/s", 2, spread=True),
     Column("tokens_per_second_median", "tok/s median [min, max]", 1, ranged=True),
     Column("parallelism", "parallelism", 2),
+    Column("tokens_per_forward", "tokens/forward", 2),
     Column("nfe", "NFE", 1),
     Column("positions_per_token", "positions/token", 2),
     Column("latency_p50_seconds", "latency p50 (s)", 3),
 ]
 SPEED_NOTE = (
-    "Speed, from the same run as quality, over the timed examples (warm-up examples excluded): "
-    "tok/s = generated tokens / wall-clock seconds of the decoding call, mean ± std over "
-    "examples (the paper's number at batch 1); parallelism = tokens committed per decoding "
-    "step, mean; NFE = backbone forward passes per example, mean; positions/token = positions "
-    "fed to the backbone (prompt prefill included) per generated token, the compute a family "
-    "spends on positions it recomputes or does not commit; latency p50 = median seconds of one "
-    "decoding call."
+    "Speed, from the same run as quality (warm-up examples excluded): tok/s and latency over "
+    "the timed examples, the counted numbers (parallelism, tokens/forward, NFE, "
+    "positions/token) over every example. tok/s = generated tokens / wall-clock seconds of the "
+    "decoding call, mean ± std over examples (the paper's number at batch 1); parallelism = the "
+    "official parallelism factor, the paper's axis: tokens committed per decoding step (an EOS "
+    "and positions after it that the step filled included), mean; tokens/forward = generated "
+    "text tokens (EOS and padding excluded) per backbone forward (NFE), mean; NFE = backbone "
+    "forward passes per example, mean; positions/token = positions fed to the backbone (prompt "
+    "prefill included) per generated token, the compute a family spends on positions it "
+    "recomputes or does not commit; latency p50 = median seconds of one decoding call."
 )
 NO_PUBLISHED = (
     "Published numbers: none exist for this table (SPEC 6.2: the only recovered numbers are "
@@ -249,6 +253,7 @@ SEED_COLUMNS = [
 ]
 SEED_SPEED_COLUMNS = [
     Column("parallelism", "parallelism", 2),
+    Column("tokens_per_forward", "tokens/forward", 2),
     Column("nfe", "NFE", 1),
     Column("tokens_per_second", "tok/s", 2),
 ]
@@ -284,6 +289,7 @@ def seeds_table(spec: TableSpec, points: list[ResultPoint], title: str) -> Table
                     "seed": seed["seed"],
                     **{m.name: _scaled(quality.get(m.name), m.scale) for m in metrics},
                     "parallelism": speed.get("parallelism_mean"),
+                    "tokens_per_forward": speed.get("tokens_per_forward_mean"),
                     "nfe": speed.get("nfe_mean"),
                     "tokens_per_second": speed.get("tokens_per_second_mean"),
                     "point": f"{point.key}/{seed['folder']}",
@@ -393,12 +399,15 @@ def aup_notes(points: list[ResultPoint]) -> list[str]:
                 by_curve.setdefault(p.curve, []).append(p)
         texts = [_aup_text(name, curve, headline, reference) for name, curve in by_curve.items()]
         note = (
-            f"AUP ({task}, {headline} × parallelism, in % × tokens/step; {ALPHA:g} = α, "
+            f"AUP ({task}, {headline} × parallelism factor, in % × tokens/step; {ALPHA:g} = α, "
             f"reference accuracy {100 * reference:.1f} %, the best point of the task): "
             f"{'; '.join(text for text, _ in texts)}. AUP = area under the accuracy-parallelism "
             "curve, each accuracy y weighted by min(1, exp(−α (1 − y / reference))) "
             "(setdlm/report/aup.py)."
         )
+        beside = _aup_per_forward(by_curve, headline, reference)
+        if beside:
+            note += f" The same area against tokens per forward (text tokens / NFE): {beside}."
         if any(seeded for _, seeded in texts):
             note += (
                 " A family's first number is the AUP of its curve of seed means (MLflow's "
@@ -410,6 +419,17 @@ def aup_notes(points: list[ResultPoint]) -> list[str]:
             )
         notes.append(note)
     return notes
+
+
+def _aup_per_forward(by_curve: dict, headline: str, reference: float) -> str:
+    """Each curve's AUP against tokens per forward instead of the factor, where every point
+    of it has one (results written before it existed have none)."""
+    parts = []
+    for name, curve in by_curve.items():
+        points = [(p.speed("tokens_per_forward_mean"), p.quality(headline)) for p in curve]
+        if all(x is not None for x, _ in points):
+            parts.append(f"{name} {100 * aup(points, reference).value:.1f}")
+    return "; ".join(parts)
 
 
 def _aup_text(
@@ -478,6 +498,7 @@ def _decoding_row(point: ResultPoint, spec: TableSpec) -> dict:
         ),
         "positions_per_token": speed.get("positions_per_token"),
         "parallelism": speed.get("parallelism_mean"),
+        "tokens_per_forward": speed.get("tokens_per_forward_mean"),
         "nfe": speed.get("nfe_mean"),
         "latency_p50_seconds": speed.get("latency_seconds_p50"),
         "point": point.key,

@@ -11,7 +11,8 @@ Names are flattened with dots (``decode.top_p``, ``quality.rouge1.bootstrap_95.0
 A few key metrics are repeated under short names that are the same in every experiment
 (``quality``: the task's headline quality, the y axis of its figure, with ``quality_low`` and
 ``quality_high`` its 95 % interval where recorded; ``accuracy`` on GSM8K and arithmetic-solve;
-``tokens_per_second``, ``parallelism``, ``nfe``), so the runs table and a speed-quality scatter
+``tokens_per_second``, ``parallelism`` (the official parallelism factor), ``tokens_per_forward``
+beside it, ``nfe``), so the runs table and a speed-quality scatter
 need no search through hundreds of names. The points of one (task, model, decoding policy) sweep
 share a parent run, and the run carries the evaluation's own start and end times.
 
@@ -46,7 +47,7 @@ MAX_KEY_LENGTH = 250
 MAX_PARAM_LENGTH = 6000
 MAX_TAG_LENGTH = 8000
 # Bump when the mapping below changes, so finished runs are refreshed by the next sync.
-MAPPING_VERSION = "5"
+MAPPING_VERSION = "6"
 
 IDENTITY_TAG = "setdlm.config_hash"  # the run's identity: one run per config hash
 SYNCED_TAG = "setdlm.synced"  # written last: the fingerprint of what the run mirrors
@@ -61,7 +62,9 @@ POINT_PARAMS = ("point", "tau", "decode.confidence_threshold")
 # Short, stable names of the key metrics: (name, speed field) for speed.
 KEY_SPEED = (
     ("tokens_per_second", "tokens_per_second_mean"),
+    # the official parallelism factor (the paper's axis), and tokens per forward beside it
     ("parallelism", "parallelism_mean"),
+    ("tokens_per_forward", "tokens_per_forward_mean"),
     ("nfe", "nfe_mean"),
 )
 
@@ -428,6 +431,14 @@ def sweep_records(points: list[tuple[ResultPoint, RunRecord]]) -> list[SweepReco
         ]
         if higher and curve and task in swept and task in reference:
             metrics["aup"] = aup(curve, reference[task]).value
+            per_forward = [
+                (r.metrics["tokens_per_forward"], r.metrics["quality"])
+                for _, r in pairs
+                if _finite(r.metrics.get("tokens_per_forward"))
+                and _finite(r.metrics.get("quality"))
+            ]
+            if len(per_forward) == len(curve):  # the same area, beside the factor's
+                metrics["aup_tokens_per_forward"] = aup(per_forward, reference[task]).value
         tags = {SWEEP_TAG: sweep, LEVEL_TAG: "sweep"}
         tags["setdlm.points"] = ",".join(point.point for point, _ in pairs)
         tags |= {k: v for k, v in first.tags.items() if k in _SHARED_TAGS}

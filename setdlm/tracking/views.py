@@ -155,7 +155,7 @@ def _point_columns(facts: ExperimentFacts) -> list[str]:
     params = ["model", "policy", "tau"] if facts.decoding else ["model"]
     metrics = [facts.quality, "quality_low", "quality_high"]
     if facts.decoding:
-        metrics += ["parallelism", "tokens_per_second", "nfe"]
+        metrics += ["parallelism", "tokens_per_forward", "tokens_per_second", "nfe"]
     if facts.thresholds:
         metrics += ["tau_log10"]
     return [column("params", p) for p in params] + [column("metrics", m) for m in metrics]
@@ -165,7 +165,7 @@ def _sweep_columns(facts: ExperimentFacts) -> list[str]:
     params = ["model", "policy", "family"] if facts.decoding else ["model", "family"]
     metrics = [f"best_{facts.quality}"]
     if facts.decoding and facts.higher_is_better:
-        metrics.append("aup")
+        metrics += ["aup", "aup_tokens_per_forward"]
     metrics.append("points")
     return [column("params", p) for p in params] + [column("metrics", m) for m in metrics]
 
@@ -174,12 +174,14 @@ SECTION = "setdlm-speed-quality"
 
 
 def _charts(facts: ExperimentFacts) -> tuple[list[dict], list[dict]]:
-    """Scatter charts of quality against parallelism and tokens per second (and log10 τ), or
-    a bar chart of quality where nothing was decoded (likelihood), in a section of their own
-    above MLflow's generated ones (one chart per metric, folded away)."""
+    """Scatter charts of quality against the parallelism factor, tokens per forward and tokens
+    per second (and log10 τ), or a bar chart of quality where nothing was decoded
+    (likelihood), in a section of their own above MLflow's generated ones (one chart per
+    metric, folded away)."""
     y = facts.quality
     if facts.decoding:
-        axes = ["parallelism", "tokens_per_second"] + (["tau_log10"] if facts.thresholds else [])
+        axes = ["parallelism", "tokens_per_forward", "tokens_per_second"]
+        axes += ["tau_log10"] if facts.thresholds else []
         charts = [_scatter(f"setdlm-{y}-vs-{x}", x, y) for x in axes]
         name = "Speed and quality"
     else:
