@@ -99,6 +99,32 @@ def test_the_interval_holds_the_spread_between_seeds():
     assert wide[0] < 0.6 < wide[1]
 
 
+def test_the_examples_are_drawn_once_for_every_seed_the_crossed_design():
+    """Five seeds that solve exactly the same problems: the examples' spread is not divided
+    among them, so the interval is that of one seed's examples. Drawing each seed's examples
+    on its own (nested) would shrink it by about sqrt(5)."""
+    rng = np.random.default_rng(6)
+    column = np.asarray(_solved(0.6, rng), float)
+    five = seeds.interval(seeds.two_level_resamples([column] * 5))
+    one = seeds.interval(seeds.two_level_resamples([column]))
+    assert five[1] - five[0] == pytest.approx(one[1] - one[0], rel=0.05)
+    nested = [column, column[:-1]] * 2 + [column]  # other lengths: each seed's drawn alone
+    narrow = seeds.interval(seeds.two_level_resamples(nested))
+    assert narrow[1] - narrow[0] < 0.7 * (one[1] - one[0])
+
+
+def test_the_monte_carlo_error_of_the_bounds_is_what_redrawing_moves_them_by():
+    rng = np.random.default_rng(7)
+    columns = [np.asarray(_solved(rate, rng), float) for rate in (0.5, 0.6, 0.55, 0.7, 0.65)]
+    draws = [seeds.two_level_resamples(columns, resamples=2000, seed=k) for k in range(40)]
+    bounds = np.asarray([seeds.interval(d) for d in draws])  # (40, 2)
+    spread = bounds.std(axis=0, ddof=1).max()
+    stated = np.mean([seeds.mc_error(d) for d in draws])
+    assert 0.6 * spread < stated < 1.6 * spread
+    # five times the replicates: about sqrt(5) less error
+    assert seeds.mc_error(seeds.two_level_resamples(columns, resamples=10_000)) < 0.7 * stated
+
+
 def test_aggregate_writes_the_mean_over_seeds_with_each_seeds_values(tmp_path):
     rng = np.random.default_rng(2)
     point = _point(tmp_path / "runs" / "r", "setdlm-smax8-arith", 0.5)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from setdlm.eval.intervals import mean_t_interval
+from setdlm.eval.seeds import RESAMPLES
 from setdlm.families import FAMILY_NAMES
 from setdlm.families import family as family_info
 from setdlm.families import policy as policy_info
@@ -313,6 +314,23 @@ def seeds_table(spec: TableSpec, points: list[ResultPoint], title: str) -> Table
     return Table(f"{spec.key}_seeds", f"{title}: every seed", columns, rows, notes)
 
 
+def _mc_error_text(points: list[ResultPoint]) -> str:
+    """The largest Monte-Carlo error of the rows' bounds, where the aggregates recorded it."""
+    errors = [
+        entry["bootstrap_mc_error"]
+        for p in points
+        for entry in p.metrics.get("quality", {}).values()
+        if isinstance(entry, dict) and isinstance(entry.get("bootstrap_mc_error"), float)
+    ]
+    if not errors:
+        return ""
+    largest = max(errors)
+    return (
+        f" (Monte-Carlo error of its bounds: at most {largest:.2g} in metrics.json's unit, "
+        f"{100 * largest:.2g} points where the column is a %)"
+    )
+
+
 def interval_note(points: list[ResultPoint]) -> str:
     """How the rows' intervals were computed: over seeds and examples, or examples only."""
     seeded = [p for p in points if p.seeds]
@@ -323,9 +341,11 @@ def interval_note(points: list[ResultPoint]) -> str:
         seeds = sorted({s["seed"] for p in seeded for s in p.seeds})
         parts.append(
             f"rows over {'/'.join(map(str, counts))} training seeds ({', '.join(map(str, seeds))})"
-            ": the mean over the seeds, and a two-level bootstrap interval (2000 seeded "
-            "resamples of the seeds, then of the examples within each seed), so the interval "
-            "holds the spread between trainings as well as between examples; each seed's "
+            ": the mean over the seeds, and a two-level bootstrap interval of the crossed "
+            f"design ({RESAMPLES:,} seeded replicates, each drawing the seeds and, once for all "
+            "of them, the examples every seed decoded), so the interval holds the spread "
+            "between trainings as well as between examples"
+            f"{_mc_error_text(seeded)}; each seed's "
             "values are in the '_seeds' table. Over a handful of seeds that interval is too "
             "narrow (it divides the seeds' variance by n, not n - 1, and reads normal quantiles, "
             "not Student's t), so rows whose intervals barely miss each other decide nothing: "
