@@ -14,6 +14,7 @@ import pytest
 from setdlm.eval import seeds
 from setdlm.eval.intervals import mean_t_interval, t_975
 from setdlm.report import claims, curves
+from setdlm.report.claims_table import claims_table
 from setdlm.report.separation import NO_SEPARATION, separation_notes
 from setdlm.results.reader import load_results
 from setdlm.tasks import task as task_info
@@ -197,11 +198,13 @@ def test_a_claim_holds_only_when_its_paired_interval_excludes_zero_on_the_papers
     run = _run_with_pair(tmp_path, setdlm_rates=(0.9, 0.85), bd3lm_rates=(0.5, 0.2))
     found = claims.build_claims(load_results(run))
     by_claim = {c.claim: c for c in found}
-    equal_tau = by_claim["accuracy at equal τ = 0.5: SetDLM higher"]
+    equal_tau = by_claim["solve: accuracy at equal τ = 0.5: SetDLM higher"]
     assert equal_tau.verdict == claims.HOLDS and equal_tau.low > 0
     assert equal_tau.seeds == 3 and equal_tau.examples == PROBLEMS
-    assert by_claim["accuracy at equal parallelism 2 tokens/step: SetDLM higher"].verdict == "holds"
-    lost = by_claim["accuracy lost from τ = 1e6 to parallelism 2: SetDLM loses less"]
+    assert (
+        by_claim["solve: accuracy at equal parallelism factor 2: SetDLM higher"].verdict == "holds"
+    )
+    lost = by_claim["solve: accuracy lost from τ = 1e6 to parallelism factor 2: SetDLM loses less"]
     # each curve halfway to its τ = 0.5 point (parallelism 3): BD3LM loses 15 points, SetDLM 2.5
     assert lost.verdict == claims.HOLDS and lost.difference == pytest.approx(0.125, abs=0.06)
 
@@ -223,7 +226,8 @@ def test_the_claims_read_each_point_once(tmp_path, monkeypatch):
 
     monkeypatch.setattr(claims, "resampled", counted)
     found = claims.build_claims(results)
-    assert len(found) == 5 and len(read) == len(set(read)) == 4  # 2 models x 2 τ, one metric
+    # τ = 1e6 and 0.5, parallelism 2 and 3, the loss, and accuracy at three equal speeds
+    assert len(found) == 8 and len(read) == len(set(read)) == 4  # 2 models x 2 τ, one metric
 
     # every comparison asks its own draw: each call re-reads, and nothing changes
     monkeypatch.setattr(claims, "_drawn_once", lambda: counted)
@@ -235,7 +239,7 @@ def test_equal_models_give_no_evidence_either_way(tmp_path):
     run = _run_with_pair(tmp_path, setdlm_rates=(0.6, 0.6), bd3lm_rates=(0.6, 0.6))
     equal_tau = [c for c in claims.build_claims(load_results(run)) if "equal τ" in c.claim]
     assert equal_tau and {c.verdict for c in equal_tau} == {claims.NO_EVIDENCE}
-    table = claims.claims_table(load_results(run))
+    table = claims_table(load_results(run))
     assert table.rows and all(row["verdict"] for row in table.rows)
 
 
@@ -250,21 +254,23 @@ def test_the_unconditional_samples_have_claims_of_their_own(tmp_path):
         scores=("correct", "valid"),
     )
     by_claim = {c.claim: c for c in claims.build_claims(load_results(run))}
-    assert by_claim["correct sampled problems at equal τ = 1e6: SetDLM higher"].verdict == (
-        claims.NO_EVIDENCE
-    )
-    assert by_claim["correct sampled problems at equal τ = 0.5: SetDLM higher"].verdict == (
-        claims.HOLDS
-    )
+    assert by_claim[
+        "unconditional: correct sampled problems at equal τ = 1e6: SetDLM higher"
+    ].verdict == (claims.NO_EVIDENCE)
+    assert by_claim[
+        "unconditional: correct sampled problems at equal τ = 0.5: SetDLM higher"
+    ].verdict == (claims.HOLDS)
     assert {
-        f"correct sampled problems at equal parallelism {level} tokens/step: SetDLM higher"
+        f"unconditional: correct sampled problems at equal parallelism factor {level}: "
+        "SetDLM higher"
         for level in ("1.5", "2")
     } <= set(by_claim)
     lost = by_claim[
-        "correct sampled problems lost from τ = 1e6 to parallelism 2: SetDLM loses less"
+        "unconditional: correct sampled problems lost from τ = 1e6 to parallelism factor 2: "
+        "SetDLM loses less"
     ]
     assert lost.verdict == claims.HOLDS and "share of samples" in lost.comparison
-    assert not any(c.claim.startswith("accuracy") for c in by_claim.values())  # no solve points
+    assert not any(c.claim.startswith("solve") for c in by_claim.values())  # no solve points
 
 
 def test_the_unconditional_figure_draws_mauve_under_correctness(tmp_path):
@@ -347,18 +353,6 @@ def test_a_table_whose_intervals_all_overlap_says_no_separation(tmp_path):
     assert f"{NO_SEPARATION} within: setdlm-smax8-arith" in note
 
 
-def test_claims_verdict_reads_the_interval():
-    claim = claims.Claim("c", "x", 0.1, 0.01, 0.2, 3, 100)
-    assert claim.verdict == "holds"
-    assert claims.Claim("c", "x", -0.1, -0.2, -0.01, 3, 100).verdict == "reversed"
-    assert claims.Claim("c", "x", 0.0, -0.01, 0.02, 3, 100).verdict == "no evidence"
-    # with several seeds the seed-level interval must agree, on either side
-    assert claims.Claim("c", "x", 0.1, 0.01, 0.2, 5, 100, 0.001, 0.2).verdict == "holds"
-    assert claims.Claim("c", "x", 0.1, 0.01, 0.2, 5, 100, -0.05, 0.25).verdict == "no evidence"
-    assert claims.Claim("c", "x", -0.1, -0.2, -0.01, 5, 100, -0.3, 0.02).verdict == "no evidence"
-    assert claims.Claim("c", "x", -0.1, -0.2, -0.01, 5, 100, -0.3, -0.01).verdict == "reversed"
-
-
 def test_the_t_interval_of_a_mean_over_a_few_seeds():
     low, high = mean_t_interval([1.0, 2.0, 3.0])  # mean 2, standard deviation 1, 2 df
     assert (low, high) == pytest.approx((2 - 4.303 / 3**0.5, 2 + 4.303 / 3**0.5))
@@ -392,7 +386,7 @@ def test_one_seed_cannot_carry_a_verdict_over_five(tmp_path):
     assert carried.low > 0  # the bootstrap alone would say "holds"
     assert (carried.seed_low, carried.seed_high) == pytest.approx(mean_t_interval(differences))
     assert carried.seed_low < 0 and carried.verdict == claims.NO_EVIDENCE
-    row = claims.claims_table(load_results(run)).rows[0]
+    row = claims_table(load_results(run)).rows[0]
     assert row["seed_level"][1:] == pytest.approx((100 * carried.seed_low, 100 * carried.seed_high))
 
     steady = tmp_path / "runs" / "steady"
@@ -405,7 +399,7 @@ def test_one_seed_cannot_carry_a_verdict_over_five(tmp_path):
     single = tmp_path / "runs" / "single"
     _nested_seeds(single, "bd3lm-s4-arith", "bd3lm", 0.5, (0.6,))
     _nested_seeds(single, "setdlm-smax8-arith", "setdlm", 0.5, (0.7,))
-    table = claims.claims_table(load_results(single))
+    table = claims_table(load_results(single))
     [row] = table.rows
     assert row["seed_level"] is None and row["verdict"] == claims.HOLDS
     assert any("no seed-level interval" in note for note in table.notes)
@@ -424,7 +418,7 @@ def test_the_seed_level_interval_follows_the_curves_interpolation(tmp_path):
     for (model, tau), seed_rates in rates.items():
         _nested_seeds(run, model, model.split("-")[0], tau, seed_rates)
     by_claim = {c.claim: c for c in claims.build_claims(load_results(run))}
-    at_two = by_claim["accuracy at equal parallelism 2 tokens/step: SetDLM higher"]
+    at_two = by_claim["solve: accuracy at equal parallelism factor 2: SetDLM higher"]
     ours = [
         (a + b) / 2
         for a, b in zip(*[rates["setdlm-smax8-arith", t] for t in (1e6, 0.5)], strict=True)
@@ -435,7 +429,7 @@ def test_the_seed_level_interval_follows_the_curves_interpolation(tmp_path):
     differences = [a - b for a, b in zip(ours, theirs, strict=True)]
     assert at_two.difference == pytest.approx(np.mean(differences))
     assert (at_two.seed_low, at_two.seed_high) == pytest.approx(mean_t_interval(differences))
-    lost = by_claim["accuracy lost from τ = 1e6 to parallelism 2: SetDLM loses less"]
+    lost = by_claim["solve: accuracy lost from τ = 1e6 to parallelism factor 2: SetDLM loses less"]
     losses = [  # BD3LM's loss minus SetDLM's, per seed
         (b1 - b2) - (s1 - s2)
         for s1, s2, b1, b2 in zip(
@@ -458,7 +452,7 @@ def test_points_of_other_seeds_are_not_paired_within_a_curve_either(tmp_path):
     _nested_seeds(run, "setdlm-smax8-arith", "setdlm", 1e6, (0.9,) * 5)
     _nested_seeds(run, "setdlm-smax8-arith", "setdlm", 0.5, (0.8,) * 4)
     found = claims.build_claims(load_results(run))
-    assert [c.claim for c in found] == ["accuracy at equal τ = 1e6: SetDLM higher"]
+    assert [c.claim for c in found] == ["solve: accuracy at equal τ = 1e6: SetDLM higher"]
     assert found[0].seeds == 5
 
 

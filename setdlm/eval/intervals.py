@@ -105,3 +105,39 @@ def mean_t_interval(values) -> tuple[float, float] | None:
     mean = statistics.fmean(values)
     half = t_975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
     return mean - half, mean + half
+
+
+def t_two_sided_p(t: float, df: int) -> float:
+    """P(|T| >= |t|) for Student's t at an integer ``df`` >= 1, in closed form (Abramowitz and
+    Stegun 26.7.3-4: a finite series in cos(theta), theta = atan(|t| / sqrt(df))), so the
+    claims need no statistics package."""
+    if df < 1 or int(df) != df:
+        raise ValueError(f"degrees of freedom must be a positive integer, got {df}")
+    df = int(df)
+    theta = math.atan(abs(t) / math.sqrt(df))
+    cos2 = math.cos(theta) ** 2
+    if df % 2:  # odd: (2/pi) (theta + sin cos (1 + 2/3 cos^2 + 2*4/(3*5) cos^4 + ...))
+        term, total = 1.0, 1.0 if df > 1 else 0.0
+        for k in range(1, (df - 1) // 2):
+            term *= 2 * k / (2 * k + 1) * cos2
+            total += term
+        inside = 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
+    else:  # even: sin (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ...)
+        term, total = 1.0, 1.0
+        for k in range(1, df // 2):
+            term *= (2 * k - 1) / (2 * k) * cos2
+            total += term
+        inside = math.sin(theta) * total
+    return min(1.0, max(0.0, 1.0 - inside))
+
+
+def mean_t_p(values) -> float | None:
+    """The two-sided p-value of a mean of 0 over a few values (per-seed differences): the
+    test ``mean_t_interval`` inverts. None for fewer than two values."""
+    values = [float(v) for v in values]
+    if len(values) < 2:
+        return None
+    mean, spread = statistics.fmean(values), statistics.stdev(values)
+    if spread == 0:
+        return 1.0 if mean == 0 else 0.0
+    return t_two_sided_p(mean / (spread / math.sqrt(len(values))), len(values) - 1)

@@ -1,39 +1,28 @@
-"""The paper's comparisons in miniature, each a paired difference with a verdict.
+"""The claims table: SetDLM-smax2S against BD3LM-S (the paper's pairing, SPEC 3.7), each with
+its own decoding policy, in two parts, each row naming where its protocol comes from.
 
-For a run's arithmetic points, each claim is a difference of a quality (the solve task's
-accuracy, the share of correct problems among the unconditional samples) with the paper's
-expected sign, computed on paired resamples: every point of a task is resampled with the same
-seed indices and the same example indices (setdlm/eval/seeds.py ``two_level_resamples`` with
-one rng seed), so the difference's 95 % interval is that of a paired comparison (same training
-seeds, same problems; unconditional samples are independent draws, so there the same indices
-only resample two independent sets).
+**The paper's claims**, at the paper's protocol and on its axes:
 
-With a handful of seeds that bootstrap is too narrow: resampling n seeds estimates their variance
-with 1/n instead of 1/(n-1), and its percentiles are normal quantiles where Student's t at n-1
-degrees of freedom belongs (2.78 against 1.96 at five seeds). One seed far from the others can
-then carry a verdict. So each claim also has a seed-level interval: the t 95 % interval of the
-mean of its per-seed differences (setdlm/eval/intervals.py ``mean_t_interval``), which holds the
-seed spread at its small-sample width. On solve and infill every seed decodes the same problems,
-so it treats them as fixed, which is why the bootstrap stays. The verdict needs both:
+1. per task at τ = 1e6, one token per step and so equal NFE (SPEC 3.6): the quality (solve:
+   GSM8K's first Pareto point, SPEC 6.1; infill: ROCStories, Table 2; unconditional: OWT,
+   Table 4), tokens/s (SetDLM faster: SPEC 3.8 and 6.1) and the time per forward (SetDLM's
+   forwards cheaper: at equal NFE its speed can come from nothing else);
+2. solve accuracy at equal tokens/s along the τ sweep, GSM8K's axis (SPEC 6.1): each curve
+   interpolated at the quartiles of the speed range both cover.
 
-- "holds": both intervals exclude 0 on the paper's side;
-- "reversed": both exclude 0 on the other side;
-- "no evidence": otherwise.
+**Beyond the paper**: comparisons it does not make, what the miniature shows besides: solve
+accuracy at equal τ below 1e6, at equal parallelism (2 and 3 tokens per step) and lost from
+τ = 1e6 to parallelism 2; infilling below τ = 1e6; the unconditional samples below τ = 1e6, at
+equal parallelism (1.5 and 2, the sweep stops near 2.3) and lost to parallelism 2.
 
-One trained model per family has no seed-level interval: its verdict rests on the bootstrap
-over problems alone, and the table says that it ignores seed variance.
+Speed comes from the same run's batch-1 timing: the examples every point and seed decoded one at
+a time after its warm-up (metrics.json ``speed.timed_examples``); the rest were decoded in
+batches and are counted, not timed. Parallelism is the official parallelism factor
+(setdlm/core/decoding/parallelism.py, the paper's axis), and every row at equal parallelism also
+states both curves' tokens per forward there.
 
-SetDLM-smax2S is compared with BD3LM-S (the paper's pairing, SPEC 3.7), with each family's own
-decoding policy:
-
-1. the quality at equal τ, for every τ both decoded (paper: SetDLM >= BD3LM);
-2. the quality at equal parallelism (solve: 2 and 3 tokens per step; unconditional, whose
-   sweep stops near 2.3: 1.5 and 2), each curve interpolated linearly between its two points
-   around that parallelism (paper: SetDLM higher);
-3. the quality each loses from τ = 1e6 to parallelism 2 (interpolated as in 2; paper: SetDLM
-   loses less as τ falls, so BD3LM's loss minus SetDLM's is positive);
-4. infilling a masked step at τ = 1e6 (the step correct, in either operand order where the
-   generator writes both; paper, ROCStories: SetDLM higher).
+Each row is a paired difference, the paper's side positive, with two 95 % intervals and a
+verdict under Holm's rule over the rows of its part (setdlm/report/claim_stats.py).
 """
 
 from __future__ import annotations
@@ -44,162 +33,161 @@ from pathlib import Path
 
 import numpy as np
 
-from setdlm.eval.intervals import mean_t_interval
-from setdlm.eval.seeds import interval, per_example_scores, seed_folders, two_level_resamples
-from setdlm.report.table import Column, Table, format_tau
+from setdlm.eval.records import SampleLog
+from setdlm.eval.seeds import scored_examples, seed_folders, two_level_resamples
+from setdlm.report.claim_stats import (
+    BEYOND,
+    HOLDS,
+    NO_EVIDENCE,
+    PAPER,
+    REVERSED,
+    Claim,
+    Drawn,
+    claim_of,
+    holm,
+)
+from setdlm.report.table import format_tau, hardware_summary
 from setdlm.results.reader import ResultPoint, Results
 
+__all__ = ["HOLDS", "NO_EVIDENCE", "REVERSED", "Claim", "build_claims"]
+
 SOLVE, INFILL, UNCONDITIONAL = "arithmetic-solve", "arithmetic-infill", "arithmetic-unconditional"
-LOSS_LEVEL = 2.0  # claim 3: the quality lost by the time a curve commits 2 tokens per step
-HOLDS, REVERSED, NO_EVIDENCE = "holds", "reversed", "no evidence"
+NO_THRESHOLD = 1e6
+LOSS_LEVEL = 2.0  # the quality lost by the time a curve commits 2 tokens per step
+SPEED_QUARTILES = (0.25, 0.5, 0.75)  # equal tokens/s: where in the range both curves cover
 
 
 @dataclass(frozen=True)
-class ClaimSet:
-    """Claims 1-3 on one decoding task: its per-example quality and how the rows name it."""
+class TaskClaims:
+    """The claims on one decoding task: its per-example quality and how the rows name it."""
 
     task: str
     metric: str  # a per-example score of its samples.jsonl
     quality: str  # the claim's words for it
     detail: str  # the comparison's words for it
-    levels: tuple[float, ...]  # claim 2's parallelism levels, inside both sweeps' range
+    paper: str  # where the τ = 1e6 comparison of the paper is
+    beyond: str  # why its other comparisons are not the paper's
+    levels: tuple[float, ...] = ()  # parallelism factors, inside both sweeps' range
+    loss: bool = False  # whether the quality lost from τ = 1e6 to LOSS_LEVEL is compared
 
 
-CLAIM_SETS = (
-    ClaimSet(SOLVE, "strict_match", "accuracy", "strict match", (2.0, 3.0)),
-    ClaimSet(
+TASK_CLAIMS = (
+    TaskClaims(
+        SOLVE,
+        "strict_match",
+        "accuracy",
+        "strict match",
+        "paper: GSM8K's τ = 1e6 point (SPEC 6.1: +2.9 points, smax8 vs S=4)",
+        "beyond the paper: its GSM8K curves are compared along tokens/s (SPEC 6.1)",
+        (2.0, 3.0),
+        loss=True,
+    ),
+    TaskClaims(
+        INFILL,
+        "step_correct",
+        "infilled step correct",
+        "step correct",
+        "paper: ROCStories infilling at τ = 1e6 (Table 2, SPEC 5.4)",
+        "beyond the paper: it infills at τ = 1e6 only (SPEC 5.4)",
+    ),
+    TaskClaims(
         UNCONDITIONAL,
         "correct",
         "correct sampled problems",
         "share of samples that are correct problems",
+        "paper: OWT samples at τ = 1e6 (Table 4, SPEC 5.3; MAUVE there)",
+        "beyond the paper: it samples at τ = 1e6 only (SPEC 5.3)",
         (1.5, 2.0),
+        loss=True,
     ),
 )
+SPEED_PROTOCOL = "paper: batch-1 throughput at τ = 1e6 (SPEC 3.8; GSM8K +12 %, SPEC 6.1)"
+FORWARD_PROTOCOL = "paper: equal NFE at τ = 1e6, the gain is cheaper forwards (SPEC 3.6)"
+EQUAL_SPEED_PROTOCOL = "paper: GSM8K accuracy against tokens/s along the τ sweep (SPEC 6.1)"
 
 
 @dataclass(frozen=True)
-class Claim:
-    claim: str
-    comparison: str
-    difference: float  # the point estimate, in the metric's unit (a fraction)
-    low: float  # the two-level bootstrap 95 % interval
-    high: float
-    seeds: int
-    examples: int
-    seed_low: float | None = None  # the t 95 % interval of the per-seed differences' mean;
-    seed_high: float | None = None  # None with one seed
+class Measure:
+    """A per-example speed of the timed examples, and how a claim on it reads."""
 
-    @property
-    def verdict(self) -> str:
-        seed_level = self.seed_low is not None and self.seed_high is not None
-        if self.low > 0 and (not seed_level or self.seed_low > 0):
-            return HOLDS
-        if self.high < 0 and (not seed_level or self.seed_high < 0):
-            return REVERSED
-        return NO_EVIDENCE
+    name: str
+    unit: str  # claim_stats.SCALES: how it is shown
+    higher_is_setdlm: bool  # the paper's side: SetDLM's value higher (else lower)
+
+    def value(self, record: dict) -> float | None:
+        latency, nfe = record.get("latency_seconds"), record.get("nfe")
+        if not latency or not nfe:
+            return None
+        if self.name == "tokens_per_second":
+            return record["generated_tokens"] / latency
+        return latency / nfe
 
 
-@dataclass(frozen=True)
-class Drawn:
-    """A point's quality (or a difference of qualities), ready to be paired with another's."""
-
-    resamples: np.ndarray  # (R,) two-level bootstrap means, indices shared by every point
-    per_seed: np.ndarray  # (S,) each seed's mean over its examples
-    seeds: tuple[str, ...]  # the seed folders, which pair two points' per-seed values
-    examples: int  # per seed
-
-    @property
-    def estimate(self) -> float:
-        return float(self.per_seed.mean())
-
-    def pairs_with(self, other: Drawn) -> bool:
-        """Whether the two are of the same seeds and examples, so that their resamples (always
-        RESAMPLES of them) and per-seed values combine element by element (one model on each
-        side pairs, whatever its folder is called)."""
-        one_each = len(self.seeds) == len(other.seeds) == 1
-        return (self.seeds == other.seeds or one_each) and self.examples == other.examples
-
-    def minus(self, other: Drawn) -> Drawn:
-        self._check_pairs(other)
-        return Drawn(
-            self.resamples - other.resamples,
-            self.per_seed - other.per_seed,
-            self.seeds,
-            self.examples,
-        )
-
-    def toward(self, other: Drawn, weight: float) -> Drawn:
-        """The linear interpolation (1 - weight) * self + weight * other."""
-        self._check_pairs(other)
-        return Drawn(
-            (1 - weight) * self.resamples + weight * other.resamples,
-            (1 - weight) * self.per_seed + weight * other.per_seed,
-            self.seeds,
-            self.examples,
-        )
-
-    def _check_pairs(self, other: Drawn) -> None:
-        # numpy would broadcast one seed's value against five, or fail deep inside: callers
-        # ask pairs_with first, and a caller that forgot is a bug
-        if not self.pairs_with(other):
-            raise ValueError(
-                f"cannot combine seeds {self.seeds} ({self.examples} examples) with "
-                f"{other.seeds} ({other.examples})"
-            )
+TOKENS_PER_SECOND = Measure("tokens_per_second", "tok/s", True)
+SECONDS_PER_FORWARD = Measure("seconds_per_forward", "µs/forward", False)
 
 
+# ------------------------------------------------------------------------- reading a point
 def resampled(point: ResultPoint, metric: str) -> Drawn | None:
-    """The point's mean ``metric``: paired resamples and per-seed means (None without
-    per-example scores)."""
-    folders = seed_folders(point.folder)
-    names = tuple(folder.name for folder in folders) or ("one model",)
-    columns = [per_example_scores(folder, [metric]) for folder in folders or [point.folder]]
-    if any(metric not in column for column in columns):
+    """The point's mean ``metric`` over its examples: paired resamples and per-seed means
+    (None without per-example scores, or when its seeds decoded other examples)."""
+    folders = seed_folders(point.folder) or [point.folder]
+    scored = [scored_examples(folder, [metric]) for folder in folders]
+    if any(metric not in columns for _, columns in scored):
         return None
-    values = [column[metric] for column in columns]
-    per_seed = np.asarray([v.mean() for v in values])  # (S,)
-    return Drawn(two_level_resamples(values), per_seed, names, len(values[0]))
+    return _drawn(point, [ids for ids, _ in scored], [c[metric] for _, c in scored])
 
 
-Draw = Callable[[ResultPoint, str], Drawn | None]
+def resampled_speed(point: ResultPoint, measure: Measure) -> Drawn | None:
+    """The point's mean ``measure`` over its batch-1 timed examples (None where some were
+    timed in a batch, none were timed, or its seeds timed other examples)."""
+    ids, columns = [], []
+    for folder in seed_folders(point.folder) or [point.folder]:
+        records = SampleLog(folder / "samples.jsonl").scan()[0]
+        timed = [r for _, r in sorted(records.items()) if r.get("timed", True)]
+        timed = [r for r in timed if not r.get("warmup")]
+        if not timed or any(r.get("batch_size", 1) != 1 for r in timed):
+            return None
+        values = [measure.value(r) for r in timed]
+        if None in values:
+            return None
+        ids.append(tuple(r["id"] for r in timed))
+        columns.append(np.asarray(values, dtype=np.float64))
+    return _drawn(point, ids, columns)
+
+
+def _drawn(point: ResultPoint, ids: list[tuple], columns: list[np.ndarray]) -> Drawn | None:
+    if any(own != ids[0] for own in ids):
+        return None  # the crossed bootstrap draws the same examples for every seed
+    names = tuple(folder.name for folder in seed_folders(point.folder)) or ("one model",)
+    per_seed = np.asarray([column.mean() for column in columns])  # (S,)
+    return Drawn(two_level_resamples(columns), per_seed, names, tuple(ids[0]))
+
+
+Draw = Callable[[ResultPoint, object], Drawn | None]
 
 
 def _drawn_once() -> Draw:
-    """``resampled``, each (point, metric) read and resampled once: the claims reuse a point in
-    several comparisons (equal τ, each parallelism level, the loss), and each read parses its
-    seeds' samples.jsonl and draws RESAMPLES two-level resamples."""
-    memo: dict[tuple[Path, str], Drawn | None] = {}
+    """Each (point, metric or measure) read and resampled once: the claims reuse a point in
+    several comparisons, and each read parses its seeds' samples.jsonl and draws RESAMPLES
+    replicates."""
+    memo: dict[tuple[Path, object], Drawn | None] = {}
 
-    def draw(point: ResultPoint, metric: str) -> Drawn | None:
-        key = (point.folder, metric)
+    def draw(point: ResultPoint, what) -> Drawn | None:
+        key = (point.folder, what)
         if key not in memo:
-            memo[key] = resampled(point, metric)
+            is_speed = isinstance(what, Measure)
+            memo[key] = resampled_speed(point, what) if is_speed else resampled(point, what)
         return memo[key]
 
     return draw
 
 
-def _claim(claim: str, comparison: str, difference: Drawn) -> Claim:
-    low, high = interval(difference.resamples)
-    seed_level = mean_t_interval(difference.per_seed)
-    seed_low, seed_high = seed_level if seed_level is not None else (None, None)
-    return Claim(
-        claim,
-        comparison,
-        difference.estimate,
-        low,
-        high,
-        len(difference.seeds),
-        difference.examples,
-        seed_low,
-        seed_high,
-    )
-
-
-def pairs(results: Results, task: str) -> list[tuple[ResultPoint, ResultPoint]]:
+# ------------------------------------------------------------------------------ the claims
+def pairs(results: Results, task: str) -> list[tuple[list[ResultPoint], list[ResultPoint]]]:
     """(SetDLM-smax2S, BD3LM-S) model pairs of a task: lists of each one's own-policy points."""
     points = [p for p in results.for_task(task) if p.policy is None]
-    models = {}
+    models: dict[tuple, list[ResultPoint]] = {}
     for point in points:
         models.setdefault((point.family, point.model), []).append(point)
     found = []
@@ -215,200 +203,232 @@ def pairs(results: Results, task: str) -> list[tuple[ResultPoint, ResultPoint]]:
 
 def _tag(model: str) -> str:
     """What follows the family and size in a model name (``-arith``), if anything."""
-    parts = model.split("-")
-    return "-".join(parts[2:])
+    return "-".join(model.split("-")[2:])
 
 
 def build_claims(results: Results) -> list[Claim]:
+    """Every claim of both parts, with its Holm-adjusted p-value."""
     draw = _drawn_once()
-    claims = []
-    for claim_set in CLAIM_SETS:
-        for setdlm, bd3lm in pairs(results, claim_set.task):
-            name = f"{setdlm[0].model} vs {bd3lm[0].model}"
-            claims += _equal_tau(setdlm, bd3lm, name, claim_set, draw)
-            claims += _equal_parallelism(setdlm, bd3lm, name, claim_set, draw)
-            claims += _loss_to_parallelism(setdlm, bd3lm, name, claim_set, draw)
-    for setdlm, bd3lm in pairs(results, INFILL):
-        ours = _by_tau(setdlm).get(1e6)
-        theirs = _by_tau(bd3lm).get(1e6)
-        if ours and theirs:
-            claims += _difference(
-                "infilling a masked step: SetDLM more often correct at τ = 1e6",
-                f"{ours.model} − {theirs.model}, step correct",
-                ours,
-                theirs,
-                "step_correct",
-                draw,
+    paper, beyond = [], []
+    for task in TASK_CLAIMS:
+        for setdlm, bd3lm in pairs(results, task.task):
+            compared = Compared(task, setdlm, bd3lm, draw)
+            paper += compared.at_no_threshold()
+            if task.task == SOLVE:
+                paper += compared.at_equal_speed()
+            beyond += compared.below_no_threshold()
+            beyond += compared.at_equal_parallelism()
+            if task.loss:
+                beyond += compared.lost_to_parallelism()
+    return holm(paper + beyond)
+
+
+class Compared:
+    """The claims on one task for one (SetDLM, BD3LM) pair of curves."""
+
+    def __init__(self, task: TaskClaims, setdlm, bd3lm, draw: Draw):
+        self.task, self.setdlm, self.bd3lm, self.draw = task, setdlm, bd3lm, draw
+        self.name = f"{setdlm[0].model} vs {bd3lm[0].model}"
+
+    # -- part 1
+    def at_no_threshold(self) -> list[Claim]:
+        ours = _by_tau(self.setdlm).get(NO_THRESHOLD)
+        theirs = _by_tau(self.bd3lm).get(NO_THRESHOLD)
+        if ours is None or theirs is None:
+            return []
+        task = self.task
+        claims = self._quality(PAPER, NO_THRESHOLD, task.paper, ours, theirs)
+        hardware = _hardware(ours, theirs)
+        for measure, protocol in (
+            (TOKENS_PER_SECOND, SPEED_PROTOCOL),
+            (SECONDS_PER_FORWARD, FORWARD_PROTOCOL),
+        ):
+            a, b = self.draw(ours, measure), self.draw(theirs, measure)
+            if a is None or b is None or not a.pairs_with(b):
+                continue
+            difference = a.minus(b) if measure.higher_is_setdlm else b.minus(a)
+            words = "faster" if measure.higher_is_setdlm else "cheaper per forward"
+            claims.append(
+                claim_of(
+                    PAPER,
+                    f"{task.task.removeprefix('arithmetic-')}: {measure.unit} at τ = 1e6 "
+                    f"(batch 1, {hardware}): SetDLM {words}",
+                    protocol,
+                    f"{self.name}, {_timed_words(a)}; "
+                    + ("SetDLM − BD3LM" if measure.higher_is_setdlm else "BD3LM − SetDLM"),
+                    difference,
+                    measure.unit,
+                )
             )
-    return claims
+        return claims
+
+    def at_equal_speed(self) -> list[Claim]:
+        ours = self._curve(_batch1_speed, self.setdlm)
+        theirs = self._curve(_batch1_speed, self.bd3lm)
+        if not ours or not theirs:
+            return []
+        low = max(ours[0][0], theirs[0][0])
+        high = min(ours[-1][0], theirs[-1][0])
+        if high <= low:
+            return []
+        hardware = _hardware(self.setdlm[0], self.bd3lm[0])
+        claims = []
+        for quartile in SPEED_QUARTILES:
+            level = low + quartile * (high - low)
+            a, b = _at(ours, level), _at(theirs, level)
+            if a is None or b is None or not a[0].pairs_with(b[0]):
+                continue
+            claims.append(
+                claim_of(
+                    PAPER,
+                    f"solve: accuracy at equal speed {level:,.0f} tok/s (batch 1, {hardware}): "
+                    "SetDLM higher",
+                    EQUAL_SPEED_PROTOCOL,
+                    f"{self.name}, strict match, each curve interpolated at that speed "
+                    f"(SetDLM {a[1]}, BD3LM {b[1]}); the speed axis is the curves' measured "
+                    "mean, its noise not in the interval",
+                    a[0].minus(b[0]),
+                )
+            )
+        return claims
+
+    # -- part 2
+    def below_no_threshold(self) -> list[Claim]:
+        ours, theirs = _by_tau(self.setdlm), _by_tau(self.bd3lm)
+        claims = []
+        for tau in sorted(set(ours) & set(theirs), reverse=True):
+            if tau != NO_THRESHOLD:
+                claims += self._quality(BEYOND, tau, self.task.beyond, ours[tau], theirs[tau])
+        return claims
+
+    def at_equal_parallelism(self) -> list[Claim]:
+        ours, theirs = self._curve(_factor, self.setdlm), self._curve(_factor, self.bd3lm)
+        if not ours or not theirs:
+            return []
+        claims = []
+        for level in self.task.levels:
+            a, b = _at(ours, level), _at(theirs, level)
+            if a is None or b is None or not a[0].pairs_with(b[0]):
+                continue
+            claims.append(
+                claim_of(
+                    BEYOND,
+                    f"{self._short()}: {self.task.quality} at equal parallelism factor "
+                    f"{level:g}: SetDLM higher",
+                    "beyond the paper: the parallelism-factor axis of its deleted plotting "
+                    "script (SPEC 6.1); its claims are along tokens/s",
+                    f"{self.name}, {self.task.detail}, each curve interpolated at that factor "
+                    f"(SetDLM {a[1]}, BD3LM {b[1]})",
+                    a[0].minus(b[0]),
+                )
+            )
+        return claims
+
+    def lost_to_parallelism(self) -> list[Claim]:
+        ours, theirs = self._loss(self.setdlm), self._loss(self.bd3lm)
+        if ours is None or theirs is None or not ours.pairs_with(theirs):
+            return []
+        return [
+            claim_of(
+                BEYOND,
+                f"{self._short()}: {self.task.quality} lost from τ = 1e6 to parallelism factor "
+                f"{LOSS_LEVEL:g}: SetDLM loses less",
+                "beyond the paper: an extrapolation it does not state",
+                f"{self.name}, {self.task.detail}: BD3LM's loss ({100 * theirs.estimate:z.1f} "
+                f"pp) − SetDLM's ({100 * ours.estimate:z.1f} pp), each curve interpolated at "
+                f"factor {LOSS_LEVEL:g}",
+                theirs.minus(ours),
+            )
+        ]
+
+    # -- helpers
+    def _short(self) -> str:
+        return self.task.task.removeprefix("arithmetic-")
+
+    def _quality(self, part: str, tau: float, protocol: str, ours, theirs) -> list[Claim]:
+        a, b = self.draw(ours, self.task.metric), self.draw(theirs, self.task.metric)
+        if a is None or b is None or not a.pairs_with(b):
+            return []
+        return [
+            claim_of(
+                part,
+                f"{self._short()}: {self.task.quality} at equal τ = {format_tau(tau)}: "
+                "SetDLM higher",
+                protocol,
+                f"{self.name}, {self.task.detail}",
+                a.minus(b),
+            )
+        ]
+
+    def _curve(self, axis, points) -> list[tuple[float, Drawn, ResultPoint]] | None:
+        """[(x, drawn, point)] of a curve, by x; None when a point has no x or no scores."""
+        rows = []
+        for point in points:
+            x, drawn = axis(point), self.draw(point, self.task.metric)
+            if x is None or drawn is None:
+                return None
+            rows.append((x, drawn, point))
+        rows.sort(key=lambda row: row[0])
+        return rows
+
+    def _loss(self, points) -> Drawn | None:
+        """The quality lost from τ = 1e6 to LOSS_LEVEL, the curve interpolated there."""
+        start = _by_tau(points).get(NO_THRESHOLD)
+        curve = self._curve(_factor, points)
+        if start is None or not curve:
+            return None
+        at_start, at_level = self.draw(start, self.task.metric), _at(curve, LOSS_LEVEL)
+        if at_start is None or at_level is None or not at_start.pairs_with(at_level[0]):
+            return None
+        return at_start.minus(at_level[0])
 
 
 def _by_tau(points: list[ResultPoint]) -> dict[float, ResultPoint]:
     return {point.tau: point for point in points if point.tau is not None}
 
 
-def _difference(claim: str, comparison: str, ours, theirs, metric: str, draw: Draw) -> list[Claim]:
-    a, b = draw(ours, metric), draw(theirs, metric)
-    if a is None or b is None or not a.pairs_with(b):
-        return []
-    return [_claim(claim, comparison, a.minus(b))]
+def _factor(point: ResultPoint) -> float | None:
+    return point.speed("parallelism_mean")
 
 
-def _equal_tau(setdlm, bd3lm, name: str, claim_set: ClaimSet, draw: Draw) -> list[Claim]:
-    ours, theirs = _by_tau(setdlm), _by_tau(bd3lm)
-    claims = []
-    for tau in sorted(set(ours) & set(theirs), reverse=True):
-        claims += _difference(
-            f"{claim_set.quality} at equal τ = {format_tau(tau)}: SetDLM higher",
-            f"{name}, {claim_set.detail}",
-            ours[tau],
-            theirs[tau],
-            claim_set.metric,
-            draw,
-        )
-    return claims
+def _batch1_speed(point: ResultPoint) -> float | None:
+    speed = point.batch1_speed()
+    return None if speed is None else speed[0]
 
 
-def _curve(points: list[ResultPoint], metric: str, draw: Draw) -> list[tuple[float, Drawn]] | None:
-    """[(parallelism, drawn)] of a model's points, by parallelism; None when a point has no
-    per-example scores."""
-    rows = []
-    for point in points:
-        parallelism = point.speed("parallelism_mean")
-        drawn = draw(point, metric)
-        if parallelism is None or drawn is None:
-            return None
-        rows.append((parallelism, drawn))
-    rows.sort(key=lambda row: row[0])
-    return rows
-
-
-def _at(rows: list[tuple[float, Drawn]], level: float) -> Drawn | None:
-    """The curve interpolated linearly at a parallelism level (None outside its range): the
-    resamples and each seed's value with the same weights."""
-    for (x0, d0), (x1, d1) in zip(rows, rows[1:], strict=False):
+def _at(rows, level: float) -> tuple[Drawn, str] | None:
+    """The curve interpolated linearly at ``level`` of its x (None outside its range): the
+    resamples and each seed's value with the same weights, and in words between which τ and
+    at what tokens per forward (interpolated alike)."""
+    for (x0, d0, p0), (x1, d1, p1) in zip(rows, rows[1:], strict=False):
         if x0 <= level <= x1 and x1 > x0:
-            # two points of one curve decoded with other seeds do not interpolate
-            return d0.toward(d1, (level - x0) / (x1 - x0)) if d0.pairs_with(d1) else None
+            if not d0.pairs_with(d1):  # two points of one curve decoded with other seeds
+                return None
+            weight = (level - x0) / (x1 - x0)
+            return d0.toward(d1, weight), _between(p0, p1, weight)
     return None
 
 
-def _equal_parallelism(setdlm, bd3lm, name: str, claim_set: ClaimSet, draw: Draw) -> list[Claim]:
-    ours, theirs = _curve(setdlm, claim_set.metric, draw), _curve(bd3lm, claim_set.metric, draw)
-    if not ours or not theirs:
-        return []
-    claims = []
-    for level in claim_set.levels:
-        a, b = _at(ours, level), _at(theirs, level)
-        if a is None or b is None or not a.pairs_with(b):
-            continue
-        claims.append(
-            _claim(
-                f"{claim_set.quality} at equal parallelism {level:g} tokens/step: SetDLM higher",
-                f"{name}, {claim_set.detail} interpolated between τ points",
-                a.minus(b),
-            )
-        )
-    return claims
+def _between(p0: ResultPoint, p1: ResultPoint, weight: float) -> str:
+    words = f"between τ {format_tau(p0.tau)} and {format_tau(p1.tau)}"
+    t0, t1 = p0.speed("tokens_per_forward_mean"), p1.speed("tokens_per_forward_mean")
+    if t0 is None or t1 is None:
+        return words
+    return f"{words}, {(1 - weight) * t0 + weight * t1:.2f} tokens/forward"
 
 
-def _loss_to_parallelism(setdlm, bd3lm, name: str, claim_set: ClaimSet, draw: Draw) -> list[Claim]:
-    def loss(points) -> Drawn | None:
-        """The quality lost from τ = 1e6 to LOSS_LEVEL tokens per step, the curve
-        interpolated there."""
-        start = _by_tau(points).get(1e6)
-        curve = _curve(points, claim_set.metric, draw)
-        if start is None or not curve:
-            return None
-        at_start, at_level = draw(start, claim_set.metric), _at(curve, LOSS_LEVEL)
-        if at_start is None or at_level is None or not at_start.pairs_with(at_level):
-            return None
-        return at_start.minus(at_level)
-
-    ours, theirs = loss(setdlm), loss(bd3lm)
-    if ours is None or theirs is None or not ours.pairs_with(theirs):
-        return []
-    return [
-        _claim(
-            f"{claim_set.quality} lost from τ = 1e6 to parallelism {LOSS_LEVEL:g}: "
-            "SetDLM loses less",
-            f"{name}, {claim_set.detail}: BD3LM's loss ({100 * theirs.estimate:z.1f} pp) − "
-            f"SetDLM's ({100 * ours.estimate:z.1f} pp), each curve interpolated at "
-            f"{LOSS_LEVEL:g} tokens/step",
-            theirs.minus(ours),
-        )
-    ]
+def _hardware(*points: ResultPoint) -> str:
+    return " / ".join(dict.fromkeys(hardware_summary(p.metrics) for p in points))
 
 
-CLAIMS_KEY = "claims"
+def _timed_words(drawn: Drawn) -> str:
+    return f"{drawn.examples} timed examples per seed"
 
 
-def claims_table(results: Results) -> Table:
-    claims = build_claims(results)
-    rows = [
-        {
-            "claim": c.claim,
-            "comparison": c.comparison,
-            "difference": (100 * c.difference, 100 * c.low, 100 * c.high),
-            "seed_level": None
-            if c.seed_low is None
-            else (None, 100 * c.seed_low, 100 * c.seed_high),
-            "verdict": c.verdict,
-            "seeds": c.seeds,
-            "examples": c.examples,
-        }
-        for c in claims
-    ]
-    seeds = sorted({c.seeds for c in claims})
-    notes = [
-        "Each row: a difference of accuracies (solve, infill: % of test problems; unconditional: "
-        "% of samples that are correct problems) in percentage points (the paper's expected side "
-        "positive) with two paired 95 % intervals. Two-level bootstrap: 2000 seeded resamples of "
-        "the training seeds, then of the examples within each seed, the same indices for both "
-        "sides (same seeds, same problems; the unconditional samples are independent draws). "
-        "Seed-level: Student's t over the per-seed differences (n - 1 degrees of freedom), "
-        "because a bootstrap over a handful of seeds is too narrow (it divides their variance by "
-        "n and reads normal quantiles) and lets one seed carry a verdict. holds: both intervals "
-        "exclude 0 on the paper's side; reversed: both exclude 0 on the other side; no "
-        "evidence: otherwise (judged unrounded: a seed-level bound shown as 0.0 is above 0, "
-        "-0.0 below; the CSV has every bound in full).",
-        "Models: SetDLM-smax2S against BD3LM-S (the paper's pairing), each with its own "
-        "decoding policy; tiny CPU models on the synthetic arithmetic task, so these are the "
-        "paper's comparisons in miniature, not its numbers (setdlm/report/claims.py).",
-    ]
-    if seeds == [1]:
-        notes.append(
-            "One trained model per family: the interval resamples problems only and ignores "
-            "seed variance, and there is no seed-level interval (train.seeds trains several)."
-        )
-    if not claims:
-        notes.append(
-            "No claim could be computed: the run has no SetDLM-smax2S and BD3LM-S pair on "
-            "arithmetic-solve, arithmetic-infill or arithmetic-unconditional with per-example "
-            "scores."
-        )
-    return Table(
-        CLAIMS_KEY,
-        "The paper's comparisons in miniature: paired differences and verdicts",
-        [
-            Column("claim", "claim"),
-            Column("comparison", "comparison"),
-            Column("difference", "difference (pp) [two-level bootstrap 95 %]", 1, ranged=True),
-            Column("seed_level", "seed-level t 95 % (pp)", 1, ranged=True, show=_bounds),
-            Column("verdict", "verdict"),
-            Column("seeds", "seeds", 0),
-            Column("examples", "examples per seed", 0),
-        ],
-        rows,
-        notes,
-    )
-
-
-def _bounds(cell: tuple[None, float, float]) -> str:
-    """[low, high] of the seed-level interval, each with its sign: a bound of -0.002 reads
-    "-0.0" beside a verdict of no evidence, where the other columns' format would print 0.0."""
-    _, low, high = cell
-    return f"[{low:.1f}, {high:.1f}]"
+def hardware_of(results: Results) -> str:
+    """The hardware of the run's arithmetic points, each different one named."""
+    points = [p for task in (SOLVE, INFILL, UNCONDITIONAL) for p in results.for_task(task)]
+    return _hardware(*points) if points else "unknown hardware"
 
 
 def has_claims(run_dir: Path) -> bool:

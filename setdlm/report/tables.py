@@ -171,7 +171,7 @@ def _tables(results: Results, names) -> list[Table]:
         if any(p.seeds for p in points):
             tables.append(seeds_table(spec, points, table.title))
         if paper_table(name).claims:
-            from setdlm.report.claims import claims_table
+            from setdlm.report.claims_table import claims_table
 
             tables.append(claims_table(results))
         mixed = code_versions_note(points)
