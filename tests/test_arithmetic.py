@@ -31,6 +31,68 @@ def test_train_and_test_are_disjoint_whatever_the_counts_and_seeds():
         arithmetic.check_disjoint(train, train[:1])
 
 
+def test_test_problems_leave_out_near_duplicates_of_the_training_problems():
+    """Disjoint questions are not enough: a test problem whose worked solution a training
+    problem has, or whose question is a training question told of other people, is answered
+    from memory. Against a model's training problems those are left out, the others keep their
+    problems and ids, and more are drawn to keep the count."""
+    training = {"generator": "arithmetic-2", "split": "train", "count": 3000, "seed": 0}
+    learned = arithmetic.generate("train", 3000, 0, "arithmetic-2")
+    solutions = {p.answer for p in learned}
+    questions = {arithmetic.without_names(p.question) for p in learned}
+    plain = arithmetic.generate("test", 100, 0, "arithmetic-2")
+    held_out = arithmetic.generate("test", 100, 0, "arithmetic-2", excluding=training)
+    assert len(held_out) == 100 and len({p.id for p in held_out}) == 100
+    assert not any(p.answer in solutions for p in held_out)
+    assert not any(arithmetic.without_names(p.question) in questions for p in held_out)
+    near = [
+        p
+        for p in plain
+        if p.answer in solutions or arithmetic.without_names(p.question) in questions
+    ]
+    assert near and [p for p in plain if p not in near] == held_out[: 100 - len(near)]
+    found = arithmetic.near_duplicates(100, 0, "arithmetic-2", training)
+    assert found["dropped"] == len(near) and found["kept_of_first"] == 100 - len(near)
+    assert found["dropped_solution"] == sum(p.answer in solutions for p in plain)
+    assert found["drawn"] == 1 + int(held_out[-1].id.removeprefix("test-")) > 100
+    # the names alone: the same story told of Ada and Ben reads as the one of Cleo and Dev
+    story = "Ada has 5 eggs. Ada gives 2 eggs to Ben. How many eggs does Ada have?"
+    other = story.replace("Ada", "Cleo").replace("Ben", "Dev")
+    assert arithmetic.without_names(story) == arithmetic.without_names(other)
+    assert "excluding" in arithmetic.identity("test", 100, 0, "arithmetic-2", training)
+    assert "excluding" not in arithmetic.identity("test", 100, 0, "arithmetic-2")
+    with pytest.raises(ValueError, match="lacks count"):
+        arithmetic.generate("test", 5, 0, "arithmetic-2", {"generator": "arithmetic-2", "seed": 0})
+
+
+def test_the_defaults_solve_budget_is_the_longest_held_out_solution():
+    """tiny.yaml's arithmetic-solve budget against its 300 test problems as the evaluation
+    draws them for the committed models (near-duplicates of their training problems left out),
+    under their tokenizer: the longest solution with its EOS, no more, no less."""
+    from pathlib import Path
+
+    import yaml
+    from transformers import AutoTokenizer
+
+    from setdlm.tasks.arithmetic_task import training_problems
+
+    repo = Path(__file__).resolve().parents[1]
+    config = yaml.safe_load((repo / "workflows/config/tiny.yaml").read_text())
+    solve = config["tasks"]["arithmetic-solve"]
+    model = repo / "results/reference/models/setdlm-smax8-arith/seed-0"
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    problems = arithmetic.generate(
+        "test", solve["limit"], 0, solve["generator"], training_problems(str(model))
+    )
+    needed = [
+        len(tokenizer.encode(p.text, add_special_tokens=False))
+        - len(tokenizer.encode(p.question + "\n", add_special_tokens=False))
+        + 1
+        for p in problems
+    ]
+    assert max(needed) == solve["max_new_tokens"]
+
+
 def test_every_worked_solution_is_correct_and_reads_as_gsm8k():
     for problem in arithmetic.generate("test", 300, seed=3):
         *steps, final = problem.answer.split("\n")
@@ -100,6 +162,17 @@ def test_the_task_decodes_solutions_and_scores_infilled_steps(trained_arith_free
     )
     low, high = aggregated["strict_match"]["bootstrap_95"]
     assert aggregated["strict_match"]["value"] == 0.75 and 0 <= low < 0.75 < high <= 1
+    # held out from a training set: other problems, and the definition says how many were left
+    training = {"generator": "arithmetic-2", "split": "train", "count": 3000, "seed": 0}
+    held = ArithmeticTask(ArithmeticSettings(limit=100, excluding=training))
+    assert held.settings()["problems"]["excluding"] == training
+    ids = [e.id for e in held.examples(tokenizer, model)]
+    assert ids == [p.id for p in arithmetic.generate("test", 100, 0, excluding=training)]
+    definition = held.aggregate([{"scores": {"strict_match": 1.0, "flexible_extract": 1.0}}])
+    assert (
+        "(of the first 100 drawn, 14 were left out: 14 with a training problem's worked "
+        in (definition["strict_match"]["definition"])
+    )
 
 
 def test_a_solve_budget_some_solution_does_not_fit_is_an_error(trained_arith_free_model):

@@ -222,8 +222,9 @@ def run(args: argparse.Namespace) -> int:
             limit=args.limit,
             model_source=loaded.source(args.model),
             model_revision=loaded.revision_record(),
-            generator=args.generator,  # both read only with --data arithmetic
+            generator=args.generator,  # these three read only with --data arithmetic
             problem_seed=args.problem_seed,
+            excluding=_training_problems(args.model),
         )
         print(json.dumps(metrics["quality"], indent=1))
         return 0
@@ -258,6 +259,14 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     return 0
+
+
+def _training_problems(model: str) -> dict | None:
+    """The arithmetic problems a model folder was trained on (None: not trained here on
+    them): an arithmetic evaluation leaves their near-duplicates out of its test problems."""
+    from setdlm.tasks.arithmetic_task import training_problems
+
+    return training_problems(model)
 
 
 def _device(name: str):

@@ -755,10 +755,13 @@ def _problems_text(metrics: dict) -> str:
     problems = (metrics.get("config") or {}).get("problems") or {}
     if not problems:
         return "problems not recorded"
-    return (
+    text = (
         f"{problems.get('count')} {problems.get('split')} problems of {problems.get('generator')}, "
         f"problem seed {problems.get('seed')}"
     )
+    if problems.get("excluding"):  # near-duplicates of the training problems left out
+        text += ", none a near-duplicate of a training problem"
+    return text
 
 
 # ------------------------------------------------------------------------------------- notes

@@ -125,18 +125,121 @@ def grammar(version: str) -> Grammar:
     return GRAMMARS[version]
 
 
-def identity(split: str, count: int, seed: int, version: str = GENERATOR_VERSION) -> dict:
-    """What a set of problems is, for a result's configuration hash."""
-    return {"generator": grammar(version).version, "split": split, "count": count, "seed": seed}
+# Why a test problem is left out when drawn against a model's training problems (``excluding``)
+NEAR_DUPLICATES = (
+    "test problems whose worked solution, or whose question up to the names, occurs among the "
+    "training problems are left out, and more drawn in their place"
+)
 
 
-def generate(split: str, count: int, seed: int, version: str = GENERATOR_VERSION) -> list[Problem]:
+def identity(
+    split: str,
+    count: int,
+    seed: int,
+    version: str = GENERATOR_VERSION,
+    excluding: dict | None = None,
+) -> dict:
+    """What a set of problems is, for a result's configuration hash (``excluding``: the
+    training problems its near-duplicates were left out against, see ``generate``)."""
+    found = {"generator": grammar(version).version, "split": split, "count": count, "seed": seed}
+    if excluding is not None:
+        found["excluding"] = _training(excluding)
+        found["near_duplicates"] = NEAR_DUPLICATES
+    return found
+
+
+def generate(
+    split: str,
+    count: int,
+    seed: int,
+    version: str = GENERATOR_VERSION,
+    excluding: dict | None = None,
+) -> list[Problem]:
     """``count`` problems of ``split`` ("train" or "test"), each question once. A question
     belongs to one split by its hash (``split_of``), so train and test never share one,
-    whatever the counts; ``seed`` picks which problems of the split are drawn."""
+    whatever the counts; ``seed`` picks which problems of the split are drawn.
+
+    ``excluding`` (an ``identity`` of training problems): a problem is also left out when its
+    worked solution is one of theirs, or its question is one of theirs up to the names (the
+    same numbers and operations told of other people): a model that learned those would
+    answer it from memory. The others are the same problems, with the same ids, as without
+    ``excluding``; more are drawn from the same stream to make up ``count`` (ids go on from
+    where the stream is)."""
     if split not in SPLITS:
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    return list(_generated(split, count, seed, grammar(version).version))
+    version = grammar(version).version
+    if excluding is None:
+        return list(_generated(split, count, seed, version))
+    return list(_kept(split, count, seed, version, *_training_key(excluding)))
+
+
+def near_duplicates(count: int, seed: int, version: str, excluding: dict) -> dict:
+    """How ``generate("test", count, seed, version, excluding)`` came by its problems: of the
+    first ``count`` test problems drawn, how many were left out for each reason (a problem may
+    have both), and how many were drawn in all."""
+    kept = generate("test", count, seed, version, excluding)
+    drawn = 1 + max(int(problem.id.split("-")[1]) for problem in kept)
+    first = generate("test", count, seed, version)
+    solutions, questions = _training_texts(*_training_key(excluding))
+    by_solution = {p.id for p in first if p.answer in solutions}
+    by_question = {p.id for p in first if without_names(p.question) in questions}
+    return {
+        "first_drawn": count,
+        "dropped_solution": len(by_solution),
+        "dropped_question_up_to_names": len(by_question),
+        "dropped": len(by_solution | by_question),
+        "kept_of_first": count - len(by_solution | by_question),
+        "drawn": drawn,
+        "kept": len(kept),
+    }
+
+
+_NAME = re.compile(r"\b(?:" + "|".join(NAMES) + r")\b")
+
+
+def without_names(question: str) -> str:
+    """The question with every name replaced by one placeholder: two questions that differ
+    only in who has and who receives the things read the same."""
+    return _NAME.sub("NAME", question)
+
+
+def _training(excluding: dict) -> dict:
+    generator, count, seed = _training_key(excluding)
+    return {"generator": generator, "split": "train", "count": count, "seed": seed}
+
+
+def _training_key(excluding: dict) -> tuple[str, int, int]:
+    if not isinstance(excluding, dict) or excluding.get("split", "train") != "train":
+        raise ValueError(f"excluding must name training problems, got {excluding!r}")
+    missing = [key for key in ("generator", "count", "seed") if key not in excluding]
+    if missing:
+        raise ValueError(f"excluding lacks {', '.join(missing)}: {excluding!r}")
+    return grammar(excluding["generator"]).version, int(excluding["count"]), int(excluding["seed"])
+
+
+@functools.lru_cache(maxsize=4)
+def _training_texts(version: str, count: int, seed: int) -> tuple[frozenset, frozenset]:
+    """(worked solutions, questions up to names) of the training problems."""
+    problems = _generated("train", count, seed, version)
+    return (
+        frozenset(p.answer for p in problems),
+        frozenset(without_names(p.question) for p in problems),
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _kept(split, count, seed, version, train_version, train_count, train_seed):
+    solutions, questions = _training_texts(train_version, train_count, train_seed)
+    kept, drawn = [], 0
+    while len(kept) < count:
+        drawn = max(drawn * 2, count + 64)  # the stream's first problems, more as needed
+        stream = _generated(split, drawn, seed, version)
+        kept = [
+            p
+            for p in stream
+            if p.answer not in solutions and without_names(p.question) not in questions
+        ]
+    return tuple(kept[:count])
 
 
 # A pure function of its arguments, drawn again by every point of a process that evaluates

@@ -67,6 +67,9 @@ class ArithmeticSettings:
     problem_seed: int = 0  # which test problems are drawn (the generator's seed)
     generator: str = arithmetic.GENERATOR_VERSION  # the problems' grammar (arithmetic.GRAMMARS)
     max_new_tokens: int = 21  # solve: the budget after the prompt (the longest solution + EOS)
+    # The training problems (an arithmetic.identity) whose near-duplicates are left out of the
+    # test problems (arithmetic.generate); None: none are (a model not trained here).
+    excluding: dict | None = None
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
@@ -81,12 +84,16 @@ class ArithmeticTask(Task):
 
     def settings(self) -> dict:
         config = self.config
-        problems = arithmetic.identity("test", config.limit, config.problem_seed, config.generator)
+        problems = arithmetic.identity(
+            "test", config.limit, config.problem_seed, config.generator, config.excluding
+        )
         return asdict(config) | {"problems": problems}
 
     def examples(self, tokenizer, model) -> list[Example]:
         config = self.config
-        problems = arithmetic.generate("test", config.limit, config.problem_seed, config.generator)
+        problems = arithmetic.generate(
+            "test", config.limit, config.problem_seed, config.generator, config.excluding
+        )
         bos, eos = model.config.bos_token_id, model.config.eos_token_id
         if bos is None or eos is None:
             raise SettingError(
@@ -179,9 +186,28 @@ class ArithmeticTask(Task):
     def aggregate(self, records: list[dict]) -> dict[str, dict]:
         definitions = SOLVE_METRICS if self.config.variant == "solve" else INFILL_METRICS
         quality = scored_means(records, definitions)
+        problems = problems_words(len(records), self.config)
         for name, definition in definitions.items():
-            quality[name]["definition"] = f"{definition}; mean over {len(records)} test problems"
+            quality[name]["definition"] = f"{definition}; mean over {problems}"
         return quality
+
+
+def problems_words(count: int, config: ArithmeticSettings) -> str:
+    """The test problems in words: how many, and how many near-duplicates of the model's
+    training problems were left out to keep them held out."""
+    if config.excluding is None:
+        return f"{count} test problems"
+    found = arithmetic.near_duplicates(
+        config.limit, config.problem_seed, config.generator, config.excluding
+    )
+    return (
+        f"{count} test problems, none a near-duplicate of a training problem (of the first "
+        f"{found['first_drawn']} drawn, {found['dropped']} were left out: "
+        f"{found['dropped_solution']} with a training problem's worked solution, "
+        f"{found['dropped_question_up_to_names']} with its question up to the names; "
+        f"{found['kept'] - found['kept_of_first']} others in their place, from the next "
+        f"{found['drawn'] - found['first_drawn']} drawn)"
+    )
 
 
 def training_problems(model: str) -> dict | None:
@@ -209,6 +235,8 @@ def run_point(args, loaded, tokenizer, base: DecodeConfig, out: Path, settings) 
             problem_seed=args.problem_seed,
             generator=args.generator,
             max_new_tokens=args.max_new_tokens,
+            # held out from what this model learned: its own training problems, where known
+            excluding=training_problems(args.model),
         )
     )
     decode = arithmetic_decode_config(loaded.model, base)

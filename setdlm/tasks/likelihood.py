@@ -76,13 +76,14 @@ def heldout_documents(name: str) -> list[str]:
 
 
 def arithmetic_rows(
-    tokenizer, length: int, count: int, seed: int, version: str
+    tokenizer, length: int, count: int, seed: int, version: str, excluding: dict | None = None
 ) -> PaddedRowsDataset:
     """The first ``count`` arithmetic test problems of generator ``version`` drawn with
-    ``seed``, one per row of ``length`` tokens as the arithmetic models are trained
-    (``PaddedRowsDataset`` of each problem's ``text``); a problem that does not fit is an
-    error naming it."""
-    problems = arithmetic.generate("test", count, seed, version)
+    ``seed`` (near-duplicates of the training problems ``excluding`` left out:
+    ``arithmetic.generate``), one per row of ``length`` tokens as the arithmetic models are
+    trained (``PaddedRowsDataset`` of each problem's ``text``); a problem that does not fit is
+    an error naming it."""
+    problems = arithmetic.generate("test", count, seed, version, excluding)
     documents = [problem.text for problem in problems]
     encoded = tokenizer(documents, add_special_tokens=False)["input_ids"]
     for problem, ids in zip(problems, encoded, strict=True):
@@ -165,6 +166,7 @@ def run_likelihood(
     generator: str | None = None,
     problem_seed: int = 0,
     model_revision: dict | None = None,
+    excluding: dict | None = None,
 ) -> dict:
     """Score ``data`` (a held-out set of ``HELDOUT_SETS``, or ``"arithmetic"``) with the model
     into ``out_dir``; the finished ``metrics.json`` of the same configuration is returned as is.
@@ -172,7 +174,9 @@ def run_likelihood(
     ``limit``: the first N sequences (None: all chunks of a held-out set). For arithmetic the
     rows are the first ``limit`` test problems (None: ``ARITHMETIC_LIMIT`` = 300) of generator
     ``generator`` (None: ``arithmetic.GENERATOR_VERSION``) drawn with ``problem_seed``; both
-    are read only for arithmetic, and only then part of the configuration's identity.
+    are read only for arithmetic, and only then part of the configuration's identity, as is
+    ``excluding``: the training problems whose near-duplicates are left out of the test
+    problems (the model's own, where it was trained here).
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
@@ -193,13 +197,14 @@ def run_likelihood(
     if data == ARITHMETIC:  # the held-out sets' identities stay as they were (their hashes)
         version = generator or arithmetic.GENERATOR_VERSION
         identity["limit"] = count = ARITHMETIC_LIMIT if limit is None else limit
-        identity["problems"] = arithmetic.identity("test", count, problem_seed, version)
+        identity["problems"] = arithmetic.identity("test", count, problem_seed, version, excluding)
     digest = config_hash(identity)
     finished = finished_metrics(out_dir, digest)
     if finished is not None:
         return finished
     if data == ARITHMETIC:
-        rows = arithmetic_rows(tokenizer, model.config.length, count, problem_seed, version)
+        length = model.config.length
+        rows = arithmetic_rows(tokenizer, length, count, problem_seed, version, excluding)
     else:
         # the checkpoint's own BOS and EOS (LM1B's BERT tokenizer has neither: [CLS], [SEP])
         config = model.config
