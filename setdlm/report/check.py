@@ -10,11 +10,11 @@ difference is allowed::
 
 ``tolerance`` is an absolute difference, ``rel_tolerance`` a fraction of the baseline value; a
 metric passes if it is within either. ``--write`` records every metric that is deterministic on
-a CPU (quality, example counts, NFE, parallelism, positions per token, generated tokens) with
-tolerance 0. Timings (tokens/s, latency, memory) depend on the machine and its load, so they
-are left out; a maintainer may add one by hand with a loose declared tolerance, and later
-``--write`` runs keep that tolerance and only refresh the value. Each point also records its
-config hash and hardware, named in the hints when a check fails.
+a CPU (quality, example counts, NFE, parallelism, tokens per forward, positions per token,
+generated tokens) with tolerance 0. Timings (tokens/s, latency, memory) depend on the machine
+and its load, so they are left out; a maintainer may add one by hand with a loose declared
+tolerance, and later ``--write`` runs keep that tolerance and only refresh the value. Each
+point also records its config hash and hardware, named in the hints when a check fails.
 
 Float results are reproducible on one CPU model with one thread count, not across them:
 another SIMD width, vendor or thread count sums in another order, and training and decoding
@@ -69,6 +69,7 @@ EXACT_SPEED = (
     "nfe_mean",
     "nfe_total",
     "parallelism_mean",
+    "tokens_per_forward_mean",
     "positions_per_token",
     "timed_examples",
     "warmup_examples",

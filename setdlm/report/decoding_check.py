@@ -9,8 +9,8 @@ folder replaced), and compares each point with a committed baseline
 (``results/baselines/decoding.json``):
 
 - token agreement: the share of examples whose generated token ids equal the baseline's;
-- accuracy (the task's headline quality), and the counted speed (NFE, parallelism, generated
-  tokens), each within the tolerance recorded in the baseline.
+- accuracy (the task's headline quality), and the counted speed (NFE, parallelism, tokens per
+  forward, generated tokens), each within the tolerance recorded in the baseline.
 
 The tolerances (``TOLERANCES``) come from measured differences between CPU capabilities: a
 baseline written under ``ATEN_CPU_CAPABILITY=avx2`` and checked under another capability, and
@@ -51,7 +51,7 @@ TOLERANCE_NOTE = (
     "ATEN_CPU_CAPABILITY=avx2 and checking under the portable kernels (and the reverse): see "
     "the closing note of issue 24; a 3-point accuracy drop at any point fails."
 )
-COUNTED = ("nfe_mean", "parallelism_mean", "generated_tokens")
+COUNTED = ("nfe_mean", "parallelism_mean", "tokens_per_forward_mean", "generated_tokens")
 # The tasks it decodes (setdlm/tasks/__init__.py: decoding_check): those scored per example
 # against a reference, which take --limit. The default's sampled problems
 # (arithmetic-unconditional) and likelihood go through the same engine and model code;

@@ -50,7 +50,7 @@ CHECK = {
 }
 
 # setdlm check-decoding (setdlm/report/decoding_check.py)
-COUNTED_SPEED = ("generated_tokens", "nfe_mean", "parallelism_mean")
+COUNTED_SPEED = ("generated_tokens", "nfe_mean", "parallelism_mean", "tokens_per_forward_mean")
 DECODING = {
     "type": "object",
     "required": ["format", "points"],
