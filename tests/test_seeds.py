@@ -146,6 +146,12 @@ def test_aggregate_writes_the_mean_over_seeds_with_each_seeds_values(tmp_path):
     assert json.loads((point / "metrics.json").read_text()) == metrics
     read = load_results(tmp_path / "runs" / "r").points[0]
     assert [s["seed"] for s in read.seeds] == [0, 1, 2]
+    # the bounds' Monte-Carlo error, stated in the table's unit (a % column: points)
+    from setdlm.report.tables import interval_note
+
+    assert 0 < entry["bootstrap_mc_error"] < (high - low) / 10
+    shown = f"acc strict (%) {100 * entry['bootstrap_mc_error']:.2g}"
+    assert shown in interval_note([read])
 
 
 def test_a_speed_some_seed_lacks_is_not_averaged_from_the_others(tmp_path):

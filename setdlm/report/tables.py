@@ -315,20 +315,21 @@ def seeds_table(spec: TableSpec, points: list[ResultPoint], title: str) -> Table
 
 
 def _mc_error_text(points: list[ResultPoint]) -> str:
-    """The largest Monte-Carlo error of the rows' bounds, where the aggregates recorded it."""
-    errors = [
-        entry["bootstrap_mc_error"]
-        for p in points
-        for entry in p.metrics.get("quality", {}).values()
-        if isinstance(entry, dict) and isinstance(entry.get("bootstrap_mc_error"), float)
-    ]
-    if not errors:
+    """The largest Monte-Carlo error of the rows' bounds, in the table's units: per interval
+    column (the tasks' qualities, scaled as shown), where the aggregates recorded it."""
+    largest: dict[str, float] = {}
+    for point in points:
+        quality = point.metrics.get("quality", {})
+        for column in TASKS[point.task].columns if point.task in TASKS else ():
+            entry = quality.get(column.name)
+            error = entry.get("bootstrap_mc_error") if isinstance(entry, dict) else None
+            if column.interval and isinstance(error, float):
+                shown = column.scale * error
+                largest[column.label] = max(largest.get(column.label, 0.0), shown)
+    if not largest:
         return ""
-    largest = max(errors)
-    return (
-        f" (Monte-Carlo error of its bounds: at most {largest:.2g} in metrics.json's unit, "
-        f"{100 * largest:.2g} points where the column is a %)"
-    )
+    words = ", ".join(f"{label} {error:.2g}" for label, error in largest.items())
+    return f" (Monte-Carlo error of its bounds, at most, in the columns' units: {words})"
 
 
 def interval_note(points: list[ResultPoint]) -> str:
