@@ -13,9 +13,15 @@ export SETDLM_DATA_DIR
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
+# Tests run on both cores, each test module on one worker (its module fixtures built once);
+# PARALLEL= (FAST_PARALLEL= for test-fast) runs them in one process.
+PARALLEL ?= -n 2 --dist loadfile
+FAST_PARALLEL ?= -n 2
+# Python may cache bytecode here (pytest's rewritten tests among it), whatever the shell says.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install run rehearsal check reference reference-rehearsal reference-models test \
-	test-fast test-e2e lint bench bench-workflow clean
+	test-fast test-e2e slow-tests lint bench bench-workflow clean
 
 install: $(STAMP)
 
@@ -100,7 +106,7 @@ reference-models: $(STAMP)
 # that is a broken suite, not a pass.
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -m "not e2e" --durations=15; rc=$$?; \
+	$(BIN)/python -m pytest -q -m "not e2e" $(PARALLEL) --durations=15; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose" >&2; exit 1; fi; \
 	exit $$rc
 # The end-to-end tier: the fault injection on the main job's DAG (its quick overlay, run once,
@@ -111,11 +117,15 @@ test-e2e: $(STAMP)
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose" >&2; exit 1; fi; \
 	exit $$rc
 
-# The fast tier: every test that needs neither the trained tiny models nor a subprocess run of
-# the workflow (about a minute on 2 cores); `make test` runs everything.
+# The fast tier: the tests that need neither the trained tiny models nor a subprocess run of
+# the workflow, on both cores; `make test` runs everything but the end-to-end tier.
 test-fast: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow and not e2e" $(FAST_PARALLEL)
+
+# Rewrites tests/slow_tests.txt: the fast tier measured, each test of 0.1 s or more marked slow.
+slow-tests: $(STAMP)
+	$(BIN)/python tests/slow_tests.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import slow_tests
 import torch
 from slurm_guard import given_cluster, install_guard
 
@@ -82,15 +83,29 @@ def _deterministic_threads():
     torch.set_num_threads(previous)
 
 
+@pytest.fixture(autouse=True)
+def _quiet_stays_in_its_test():
+    # `setdlm --quiet` run in-process sets SETDLM_QUIET for the processes it starts; without
+    # this it would stay set in the worker, and a later test's terminal would draw no bar.
+    before = os.environ.get("SETDLM_QUIET")
+    yield
+    if before is None:
+        os.environ.pop("SETDLM_QUIET", None)
+    else:
+        os.environ["SETDLM_QUIET"] = before
+
+
 TINY_TEST_SETTINGS = dict(steps=120, hidden_size=64, new_tokens=12, num_prompts=2)
 
 
 def pytest_collection_modifyitems(config, items):
     """A test that needs the trained tiny models (half a minute of training, once per session)
     belongs to the full suite only: the fast tier (``-m "not slow"``) runs the same mechanics on
-    random-weight model folders (``random_tiny``)."""
+    random-weight model folders (``random_tiny``). So does a test measured slow
+    (tests/slow_tests.txt, written by tests/slow_tests.py)."""
+    measured_slow = slow_tests.listed()
     for item in items:
-        if "trained_tiny" in getattr(item, "fixturenames", ()):
+        if "trained_tiny" in getattr(item, "fixturenames", ()) or item.nodeid in measured_slow:
             item.add_marker(pytest.mark.slow)
 
 

@@ -108,7 +108,14 @@ def point_times(run: Path) -> list[PointTime]:
         start = datetime.datetime.fromisoformat(times["started_at"])
         end = datetime.datetime.fromisoformat(times["finished_at"])
         key = metrics.parent.relative_to(run).as_posix()
-        found.append(PointTime(key.split("/")[0], key, (end - start).total_seconds()))
+        shard_jobs = sorted((run / BENCHMARKS / "evaluate_shard" / key).glob("*.tsv"))
+        if shard_jobs:
+            # A point merged from shards spans from its first shard's start to the merge, queue
+            # waits included: its time is its shard jobs' (process start included) instead.
+            seconds = sum(_job_time(path, key).wall_seconds for path in shard_jobs)
+        else:
+            seconds = (end - start).total_seconds()
+        found.append(PointTime(key.split("/")[0], key, seconds))
     return found
 
 

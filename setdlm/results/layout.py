@@ -38,6 +38,9 @@ from setdlm.tasks import PAPER_TABLES, TASK_NAMES, paper_table, table_tasks
 
 RUNS_FOLDER = "runs"
 MODELS_FOLDER = "models"  # runs/<config>/models/<model>/: trained or fetched checkpoints
+# The folders of a run that hold no results: checkpoints, the jobs' logs and benchmark files
+# (logs/<rule>/<task>/<shard>/ is as deep as a result folder), and a run's prepared data.
+NOT_RESULT_FOLDERS = frozenset({MODELS_FOLDER, "logs", "benchmarks", "data"})
 TRAINED_MARKER = "checkpoint.json"
 ARTIFACTS_FOLDER = "mlartifacts"
 # The files of a result folder (mirrored as MLflow artifacts, when present).

@@ -25,6 +25,7 @@ from setdlm.families import family as family_info
 from setdlm.results.layout import (
     ARTIFACTS_FOLDER,
     MODELS_FOLDER,
+    NOT_RESULT_FOLDERS,
     POINT_NAME,
     RESULT_FILES,
     RUNS_FOLDER,
@@ -313,7 +314,7 @@ def load_results(run_dir: str | Path) -> Results:
     for folder in sorted(run_dir.glob("*/*/*")):
         if not folder.is_dir() or any(part.startswith(".") for part in folder.parts[-3:]):
             continue  # files, and hidden folders (editors, temporary copies)
-        if folder.relative_to(run_dir).parts[0] == MODELS_FOLDER:
+        if folder.relative_to(run_dir).parts[0] in NOT_RESULT_FOLDERS:
             continue
         if not (folder / "metrics.json").exists():
             unfinished.append(folder.relative_to(run_dir).as_posix())

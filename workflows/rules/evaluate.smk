@@ -77,8 +77,9 @@ for _job in evaluation_jobs(PLAN).values():
 
 
 # A point split into shards (a task's `shards` with `jobs: point`): each shard is a job of this
-# one rule, so that a SLURM profile can submit a point's shards as a job array
-# (`slurm-array-jobs: evaluate_shard`), and a killed shard is rerun alone; the point's own job
+# one rule, so that a SLURM profile could submit a point's shards as a job array
+# (`slurm-array-jobs: evaluate_shard`; off in ours, its config says why), and a killed shard is
+# rerun alone; the point's own job
 # above merges them.
 def shard_of(wildcards):
     return SHARD_JOBS[(wildcards.where, wildcards.shard)]
