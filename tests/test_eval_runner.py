@@ -267,6 +267,7 @@ def test_a_point_in_shards_merges_to_the_samples_and_quality_of_one_run(
     assert merge_shards(tmp_path / "point", shards) == 8
     merged = run_evaluation(task, model, tokenizer, SAMPLED, tmp_path / "point", settings)
     assert _outputs(tmp_path / "point") == _outputs(tmp_path / "whole")
+
     def order(folder):
         return [json.loads(line)["id"] for line in (folder / "samples.jsonl").open()]
 

@@ -205,6 +205,7 @@ DECODE = Command(
     _decode,
 )
 
+
 def _add_workflow_arguments(parser) -> None:
     parser.add_argument(
         "run",
