@@ -83,18 +83,6 @@ def _deterministic_threads():
     torch.set_num_threads(previous)
 
 
-@pytest.fixture(autouse=True)
-def _quiet_stays_in_its_test():
-    # `setdlm --quiet` run in-process sets SETDLM_QUIET for the processes it starts; without
-    # this it would stay set in the worker, and a later test's terminal would draw no bar.
-    before = os.environ.get("SETDLM_QUIET")
-    yield
-    if before is None:
-        os.environ.pop("SETDLM_QUIET", None)
-    else:
-        os.environ["SETDLM_QUIET"] = before
-
-
 TINY_TEST_SETTINGS = dict(steps=120, hidden_size=64, new_tokens=12, num_prompts=2)
 
 

@@ -48,6 +48,9 @@ def _eval(random_tiny: Path, out: Path) -> list[str]:
 @pytest.mark.slow
 def test_an_evaluation_draws_a_bar_on_a_terminal_only(random_tiny, tmp_path, data_dir):
     env = environ(data_dir)
+    # `setdlm --quiet` run in this process by an earlier test or fixture (on the same xdist
+    # worker) leaves SETDLM_QUIET set for what it starts: this terminal is not quiet.
+    env.pop("SETDLM_QUIET", None)
     code, screen = _on_a_terminal([SETDLM, *_eval(random_tiny, tmp_path / "a")], env)
     assert code == 0, screen
     bar = [line for line in screen.replace("\r", "\n").splitlines() if "3/3" in line]
