@@ -5,8 +5,8 @@ controller says it is that cluster: .ci/run starts a single-node one with
 ../shared/tools/local-slurm/local-slurm.sh (fake GPUs, no accounting database) and names it;
 elsewhere these tests skip, saying so (tests/slurm_guard.py keeps every other test away from
 SLURM). Every process they start is stopped, and every job they submitted cancelled, however
-they end. The tiny all_tables through SLURM, its no-op
-rerun and its equality with the local-executor run are checked by .ci/slurm-stage.
+they end. The paper's matrix through SLURM (the rehearsal's stand-ins), its no-op rerun and
+its baseline are checked by .ci/rehearsal-stage.
 
 One workflow run (a tiny AR trained here, then GSM8K on 400 questions) meets three
 faults: the training job gets the preemption warning SIGUSR1 (``scancel --signal=USR1``, what
