@@ -135,7 +135,7 @@ def descendant(process, subcommand: str) -> int | None:
         with contextlib.suppress(OSError):
             argv = (Path(f"/proc/{pid}") / "cmdline").read_bytes().decode().split("\0")
             names = [Path(arg).name for arg in argv]
-            for program in ("setdlm", "setdlm.workflow.points"):  # sweep jobs run the latter
+            for program in ("setdlm", "setdlm.workflow.points"):  # evaluation jobs run the latter
                 if program in names and subcommand in argv[names.index(program) + 1 :]:
                     return pid
     return None
@@ -480,7 +480,8 @@ def _kill_during_evaluation(workdir: Path, data_dir: Path, how: str) -> None:
         elif how == "SIGTERM to snakemake":
             process.send_signal(signal.SIGTERM)
         else:  # one job's own process, the rest of the run alive
-            os.kill(descendant(process, "sweep") or descendant(process, "eval"), signal.SIGKILL)
+            evaluation = descendant(process, "job") or descendant(process, "eval")
+            os.kill(evaluation, signal.SIGKILL)
         process.wait(timeout=300)
 
 

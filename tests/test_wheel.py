@@ -99,7 +99,8 @@ def test_the_wheel_works_from_an_unrelated_folder(tmp_path):
     out = elsewhere / "eval"
     _run(
         [setdlm, "eval", "arithmetic", "--model", str(MODEL), "--out", str(out), "--limit", "4"]
-        + ["--generator", "arithmetic-4"],
+        # the model's generator, and its solve budget (tiny.yaml's: the longest solution + EOS)
+        + ["--generator", "arithmetic-4", "--max-new-tokens", "26"],
         cwd=elsewhere,
     )
     metrics = json.loads((out / "metrics.json").read_text())
