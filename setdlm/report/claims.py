@@ -273,11 +273,8 @@ class Compared:
             return []
         hardware = _hardware(self.setdlm[0], self.bd3lm[0])
         claims = []
-        for quartile in SPEED_QUARTILES:
-            level = low + quartile * (high - low)
-            a, b = _at(ours, level), _at(theirs, level)
-            if a is None or b is None or not a[0].pairs_with(b[0]):
-                continue
+        levels = [low + quartile * (high - low) for quartile in SPEED_QUARTILES]
+        for level, a, b in _paired_at(ours, theirs, levels):
             claims.append(
                 claim_of(
                     PAPER,
@@ -306,10 +303,7 @@ class Compared:
         if not ours or not theirs:
             return []
         claims = []
-        for level in self.task.levels:
-            a, b = _at(ours, level), _at(theirs, level)
-            if a is None or b is None or not a[0].pairs_with(b[0]):
-                continue
+        for level, a, b in _paired_at(ours, theirs, self.task.levels):
             claims.append(
                 claim_of(
                     BEYOND,
@@ -394,6 +388,15 @@ def _factor(point: ResultPoint) -> float | None:
 def _batch1_speed(point: ResultPoint) -> float | None:
     speed = point.batch1_speed()
     return None if speed is None else speed[0]
+
+
+def _paired_at(ours, theirs, levels):
+    """(level, SetDLM's point, BD3LM's point) for each level both curves reach, interpolated
+    alike, where the two pair (same seeds and examples)."""
+    for level in levels:
+        a, b = _at(ours, level), _at(theirs, level)
+        if a is not None and b is not None and a[0].pairs_with(b[0]):
+            yield level, a, b
 
 
 def _at(rows, level: float) -> tuple[Drawn, str] | None:
