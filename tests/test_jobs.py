@@ -11,8 +11,8 @@ from collections import Counter
 import pytest
 from configs import tiny_config
 
-from setdlm.workflow.jobs import evaluation_jobs, job_resources
-from setdlm.workflow.plan import build
+from setdlm.workflow.jobs import evaluation_jobs, job_priority, job_resources
+from setdlm.workflow.plan import TRAINING_PRIORITY, build
 
 
 def _plan(config: dict):
@@ -51,6 +51,22 @@ def test_the_default_evaluates_each_model_in_two_jobs_of_all_its_seeds():
     )  # seed by seed
     solve = [p.point for p in setdlm.points if p.task == "arithmetic-solve" and p.seed == 3]
     assert solve == ["tau-1e+06", "tau-0.9", "tau-0.7", "tau-0.5", "tau-0.3", "tau-0.1"]
+
+
+def test_the_default_starts_its_costliest_jobs_first():
+    # The order the default's jobs took on 2 cores (issue 47): MDLM's sampling job, about a
+    # third of the evaluation's CPU time (no KV cache, 63 one-token forwards per sample),
+    # started last and held up the tables; the model copies, which open every job of their
+    # model, waited behind evaluations.
+    plan = _plan(tiny_config())
+    priority = {key: job_priority(plan, job) for key, job in evaluation_jobs(plan).items()}
+    order = sorted(priority, key=priority.get, reverse=True)
+    assert order[0] == "arithmetic-unconditional/mdlm-arith"
+    assert order[-1] == "ar-arith"  # solve, infill and likelihood of the cheapest family
+    # a point without a threshold (one token per forward) outweighs one with
+    sampling = evaluation_jobs(plan)["arithmetic-unconditional/setdlm-smax8-arith"]
+    assert priority["arithmetic-unconditional/ar-arith"] < priority[sampling.key]
+    assert max(priority.values()) < TRAINING_PRIORITY
 
 
 def test_a_job_per_model_and_seed_holds_every_task_of_one_seed():

@@ -166,16 +166,32 @@ def shard_jobs(plan, run: str) -> dict[tuple[str, str], ShardJob]:
     return found
 
 
-# How much a point of a task costs, relative to one decoded and scored point of another task:
-# sampled problems are featurized for MAUVE and scored for gen-PPL, seconds per point.
-POINT_WEIGHT = {"arithmetic-unconditional": 6, "unconditional": 6}
+# What a point costs, roughly, relative to a decoded and scored point of another task at a
+# confidence threshold (the default's seconds per point, issue 47, on its 2-core AMD EPYC):
+# sampled problems are featurized for MAUVE and scored for gen-PPL (x4); a point without a
+# threshold (τ >= 1) commits one token per forward, about 3x the forwards of a thresholded one;
+# MDLM keeps no KV cache, so each of its forwards runs the whole sequence (x3).
+TASK_WEIGHT = {"arithmetic-unconditional": 4, "unconditional": 4}
+ONE_TOKEN_PER_FORWARD_WEIGHT = 3
+FAMILY_WEIGHT = {"mdlm": 3}
 
 
-def job_priority(job: EvalJob) -> int:
-    """Snakemake's priority of an evaluation job (below every training's): its points,
-    weighted by what a point of its task costs, so that on a few cores the longest jobs start
-    first and the short ones fill in at the end."""
-    return sum(POINT_WEIGHT.get(point.task, 1) for point in job.points)
+def point_weight(plan, point) -> int:
+    """The rough cost of one point (``point``: setdlm.workflow.plan.Point) for ordering jobs."""
+    weight = TASK_WEIGHT.get(point.task, 1)
+    if "--threshold" in point.args:
+        tau = float(point.args[point.args.index("--threshold") + 1])
+        weight *= ONE_TOKEN_PER_FORWARD_WEIGHT if tau >= 1 else 1
+    family = plan.config["models"][point.model]["family"]
+    return weight * FAMILY_WEIGHT.get(family, 1)
+
+
+def job_priority(plan, job: EvalJob) -> int:
+    """Snakemake's priority of an evaluation job (below every training's and model copy's):
+    the rough cost of its points, so that on a few cores the longest jobs start first and the
+    short ones fill in at the end (the default: MDLM's sampling job, about a third of the
+    evaluation's CPU time, no longer starts last and holds up the tables)."""
+    return sum(point_weight(plan, point) for point in job.points)
 
 
 def job_resources(plan, job: EvalJob) -> dict[str, int]:

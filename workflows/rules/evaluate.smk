@@ -66,7 +66,7 @@ for _job in evaluation_jobs(PLAN).values():
             f"{RUN}/benchmarks/{_job.log_name.removesuffix('.log')}.tsv"
         threads: job_threads(_job)
         # the longest first (setdlm/workflow/jobs.py), after every training
-        priority: job_priority(_job)
+        priority: job_priority(PLAN, _job)
         resources:
             **job_rule_resources(_job),
         shell:

@@ -81,6 +81,8 @@ for _model, _seeds in PLAN.copied.items():
         benchmark:
             f"{RUN}/benchmarks/train_copy_reference_{_model}.tsv"
         localrule: True
+        # before every evaluation: a copy takes seconds and opens all of its model's jobs
+        priority: workflow_plan.TRAINING_PRIORITY
         shell:
             "{SETDLM:q} train --config {RUN:q}/config.yaml --model {params.model} "
             "--seeds {params.seeds} --out {RUN:q}/models/{params.model} > {log:q} 2>&1"
@@ -109,6 +111,7 @@ for _model, _domains in PLAN.fetched_domains().items():
         benchmark:
             f"{RUN}/benchmarks/fetch_{_model}.tsv"
         threads: threads_of("fetch")
+        priority: workflow_plan.TRAINING_PRIORITY  # before every evaluation, as a copy
         resources:
             **resources_of("fetch"),
         shell:
