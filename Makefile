@@ -111,9 +111,11 @@ test: $(STAMP)
 	exit $$rc
 # The end-to-end tier: the fault injection on the main job's DAG (its quick overlay, run once,
 # then disturbed and recovered fault by fault), the MLflow UI in a browser (on make run's store
-# when there is one) and the wheel in a scratch environment. .ci/run runs it after make run.
+# when there is one), the wheel in a scratch environment, the whole-workflow tests (shards, a
+# results folder with a space, dry runs) and, given a cluster, the SLURM test; on both cores,
+# each module on one worker. .ci/run runs it after make run.
 test-e2e: $(STAMP)
-	$(BIN)/python -m pytest -q -m e2e --durations=10; rc=$$?; \
+	$(BIN)/python -m pytest -q -m e2e $(PARALLEL) --durations=20; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose" >&2; exit 1; fi; \
 	exit $$rc
 

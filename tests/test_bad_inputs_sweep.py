@@ -732,7 +732,9 @@ def test_every_shell_rule_quotes_a_results_folder_with_a_space(tmp_path, data_di
     assert not (workdir / SPACED_RESULTS).exists()  # a dry run writes nothing
 
 
-@pytest.mark.slow  # trains three 4-step models and runs every rule (about a minute)
+# trains three 4-step models and runs every rule (about a minute): the end-to-end tier
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_results_folder_with_a_space_runs_to_the_end(tmp_path, data_dir):
     workdir = _spaced_workflow(tmp_path)
     result = _snakemake(workdir, data_dir)

@@ -70,7 +70,9 @@ def _sample_lines(folder: Path) -> list[str]:
     return [json.dumps({k: v for k, v in r.items() if k not in RUN_FIELDS}) for r in rows]
 
 
-@pytest.mark.slow  # small workflow runs in subprocesses
+# whole workflow runs in subprocesses: the end-to-end tier (issue 47)
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_sharded_point_equals_the_point_of_one_job_and_a_missing_shard_runs_alone(
     tmp_path, data_dir
 ):

@@ -37,7 +37,9 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 EXAMPLES = 400
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+# the end-to-end tier: a whole workflow twice, one of them through SLURM (.ci/run keeps the
+# cluster up for make test-e2e)
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.e2e]
 
 
 def _cluster_or_skip() -> None:

@@ -830,6 +830,7 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, int, str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # seven Snakemake invocations, then a repairing run (about 30 s)
 def test_a_dry_run_or_a_read_only_command_changes_no_file(run_copy, data_dir):
     """Issue 27: `snakemake -n` (and --summary, --dag, --list-changes, --touch -n) on a finished
     run whose configuration gained a τ and a model, with a result lost, one unreadable and the
