@@ -17,9 +17,9 @@ from pathlib import Path
 
 LIST = Path(__file__).with_name("slow_tests.txt")
 IGNORE_LIST_ENV = "SETDLM_IGNORE_SLOW_LIST"
-THRESHOLD_S = 0.1
+THRESHOLD_S = 0.05
 HEADER = """\
-# Tests of the fast tier's kind (random weights, no workflow run) that each took 0.1 s or more
+# Tests of the fast tier's kind (random weights, no workflow run) that each took 0.05 s or more
 # (setup included) on the 2-core AMD EPYC: tests/conftest.py marks them slow, so that
 # `make test-fast` stays within a minute on the slower Intel Xeon. `make test` runs them all.
 # Regenerate with `make slow-tests` after adding tests (it measures the fast tier and rewrites
