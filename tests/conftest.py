@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -99,19 +101,72 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def trained_tiny(tmp_path_factory) -> Path:
-    """The four tiny families trained on WikiText-2 by the main job's code (one run per test
-    session, about half a minute): ``<dir>/<family>/model`` holds each model and its
-    tokenizer, ``<dir>/<family>/metrics.json`` its training and held-out figures."""
+    """The four tiny families trained on WikiText-2 by the main job's code (once per test
+    session, about half a minute on one core): ``<dir>/<family>/model`` holds each model and
+    its tokenizer, ``<dir>/<family>/metrics.json`` its training and held-out figures. The
+    pytest-xdist workers of a session share one folder and train its families between them,
+    each family once (a family's training depends on its own seed only)."""
     from setdlm.recipes.tiny import TinySettings, run_tiny
 
-    out = tmp_path_factory.mktemp("tiny")
+    settings = TinySettings(**TINY_TEST_SETTINGS)
     previous = torch.get_num_threads()
     torch.set_num_threads(1)  # session fixtures run before the per-test thread setting
     try:
-        run_tiny(out, TinySettings(**TINY_TEST_SETTINGS), log=lambda *args: None)
+        worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...: set in xdist's workers
+        if worker is None:  # no workers: this process trains them all
+            out = tmp_path_factory.mktemp("tiny")
+            run_tiny(out, settings, log=lambda *args: None)
+            return out
+        out = tmp_path_factory.getbasetemp().parent / "trained-tiny"  # the workers' common
+        _train_tiny_shared(out, settings, int(worker.removeprefix("gw")))
+        return out
     finally:
         torch.set_num_threads(previous)
-    return out
+
+
+SHARED_TRAINING_WAIT_S = 900  # a worker waits this long for the others' families
+
+
+def _train_tiny_shared(out: Path, settings, worker: int) -> None:
+    """Each worker claims the families no other worker has claimed (an exclusive create), the
+    tokenizer first, trains them, then waits for the rest; the last step, the summary, is
+    written by every worker with the same content."""
+    from setdlm.data.text import load_wikitext2
+    from setdlm.families import FAMILY_NAMES
+    from setdlm.recipes.tiny import run_tiny, tiny_tokenizer, write_tiny_summary
+
+    out.mkdir(exist_ok=True)
+    if _claim(out / ".tokenizer.claim"):
+        tiny_tokenizer(out / "tokenizer", load_wikitext2().train, settings)
+        (out / ".tokenizer.done").touch()
+    _wait_for([out / ".tokenizer.done"], "the tokenizer")
+    # the second worker starts from the other end: both train from the first minute
+    order = FAMILY_NAMES if worker % 2 == 0 else FAMILY_NAMES[::-1]
+    for family in order:
+        if _claim(out / f".{family}.claim"):
+            run_tiny(out, settings, families=(family,), log=lambda *a: None, write_summary=False)
+    done = [out / family / "metrics.json" for family in FAMILY_NAMES]
+    _wait_for(done, "the tiny families another worker trains")
+    write_tiny_summary(
+        out, {f: json.loads((out / f / "metrics.json").read_text()) for f in FAMILY_NAMES}
+    )
+
+
+def _claim(path: Path) -> bool:
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
+
+
+def _wait_for(paths: list[Path], what: str) -> None:
+    deadline = time.monotonic() + SHARED_TRAINING_WAIT_S
+    while not all(path.exists() for path in paths):
+        if time.monotonic() > deadline:
+            missing = [str(path) for path in paths if not path.exists()]
+            pytest.fail(f"waited {SHARED_TRAINING_WAIT_S} s for {what}: {missing} missing")
+        time.sleep(0.5)
 
 
 @pytest.fixture(scope="session")

@@ -774,6 +774,7 @@ def test_the_tiny_workflow_writes_every_result(finished_run):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # a dry run and a rerun of the workflow (about 20 s)
 def test_a_changed_task_setting_reruns_only_the_jobs_it_affects(run_copy, data_dir):
     run = run_copy / "results" / "runs" / "mini"
     config = yaml.safe_load((run_copy / "config.yaml").read_text())

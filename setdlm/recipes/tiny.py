@@ -64,7 +64,11 @@ def run_tiny(
     settings: TinySettings | None = None,
     families: tuple[str, ...] = FAMILY_NAMES,
     log=print,
+    write_summary: bool = True,
 ) -> dict:
+    """Train and decode each of ``families`` into ``<out>/<family>/`` (a family already done
+    there is read back), then the summary of them (unless ``write_summary`` is False: a caller
+    training the families in parts writes it once they are all done)."""
     settings = settings or TinySettings()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -81,11 +85,17 @@ def run_tiny(
         summary[family] = _run_family(
             family, out / family, tokenizer, train_set, heldout, settings, log
         )
+    if write_summary:
+        log(write_tiny_summary(out, summary))
+    return summary
+
+
+def write_tiny_summary(out: Path, summary: dict) -> str:
+    """``<out>/summary.json`` and ``summary.md`` (family -> its metrics); returns the table."""
     atomic_write_json(out / "summary.json", summary)
     table = summary_table(summary)
     atomic_write_text(out / "summary.md", table + "\n")
-    log(table)
-    return summary
+    return table
 
 
 def corpus_documents(settings: TinySettings) -> list[str]:
