@@ -32,6 +32,7 @@ from setdlm.results.reader import read_point, results_root
 from setdlm.tracking import sync_main, ui_main
 from setdlm.tracking.record import (
     IDENTITY_TAG,
+    STALE_TAG,
     SUPERSEDED_TAG,
     SWEEP_TAG,
     SYNCED_TAG,
@@ -1052,3 +1053,53 @@ def test_a_copied_old_store_never_writes_into_the_folder_it_was_copied_from(tmp_
     assert not elsewhere(f"{here.as_uri()}/arithmetic-solve/1/artifacts", here)
     assert elsewhere("file:///elsewhere/results/mlartifacts/arithmetic-solve/1/artifacts", here)
     assert elsewhere(f"{tmp_path}/results/mlartifacts/arithmetic-solve", here)
+
+
+@pytest.mark.slow  # creates an MLflow store (about a second)
+def test_a_run_is_written_in_as_few_batches_as_mlflow_allows_and_a_changed_param_is_named(
+    tmp_path, capsys
+):
+    # One log_batch per run where MLflow's limits allow (issue 47: three per run took half of
+    # a sync), split where they do not: 150 params need two requests of at most 100.
+    from setdlm.tracking.record import RunRecord
+    from setdlm.tracking.sync import sync_run
+
+    store = resolve_store(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = open_client(store)
+    batches = []
+    original = client.log_batch
+
+    def counted(run_id, metrics=(), params=(), tags=(), **kwargs):
+        batches.append((len(metrics), len(params), len(tags)))
+        return original(run_id, metrics=metrics, params=params, tags=tags, **kwargs)
+
+    client.log_batch = counted
+    record = RunRecord(
+        experiment="batches",
+        run_name="one point",
+        config_hash="c0ffee",
+        params={f"p{i:03d}": str(i) for i in range(150)},
+        metrics={"accuracy": 0.5, "tokens_per_second": 12.0},
+        tags={"setdlm.result_dir": "runs/x/task/model/tau-1e+06"},
+        artifacts=[],
+        fingerprint="first",
+        sweep="x/task/model",
+        start_ms=None,
+        end_ms=None,
+    )
+    run_id = sync_run(client, record, "folder", None).run_id
+    assert batches == [(2, 100, 1), (0, 50, 0)]
+    logged = client.get_run(run_id).data
+    assert len(logged.params) == 150 and logged.metrics["accuracy"] == 0.5
+    # The same configuration with one param's value changed: params are write-once, so the
+    # old value stays, the run says which changed, and the sync warns.
+    batches.clear()
+    changed = dataclasses.replace(
+        record, params={**record.params, "p007": "seven"}, fingerprint="second"
+    )
+    assert sync_run(client, changed, "folder", None).action == "updated"
+    tags = client.get_run(run_id).data.tags
+    assert client.get_run(run_id).data.params["p007"] == "7"
+    assert tags[STALE_TAG] == "p007"
+    assert batches == [(0, 0, 1)]
+    assert "params p007 changed since they were logged" in capsys.readouterr().err
