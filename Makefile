@@ -114,8 +114,11 @@ test: $(STAMP)
 # when there is one), the wheel in a scratch environment, the whole-workflow tests (shards, a
 # results folder with a space, dry runs) and, given a cluster, the SLURM test; on both cores,
 # each module on one worker. .ci/run runs it after make run.
+# E2E_MARK and E2E_ARGS narrow it (.ci/run runs it in two parts).
+E2E_MARK ?= e2e
+E2E_ARGS ?=
 test-e2e: $(STAMP)
-	$(BIN)/python -m pytest -q -m e2e $(PARALLEL) --durations=20; rc=$$?; \
+	$(BIN)/python -m pytest -q -m "$(E2E_MARK)" $(PARALLEL) --durations=20 $(E2E_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose" >&2; exit 1; fi; \
 	exit $$rc
 
