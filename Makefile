@@ -114,7 +114,7 @@ test: $(STAMP)
 # when there is one), the wheel in a scratch environment, the whole-workflow tests (shards, a
 # results folder with a space, dry runs) and, given a cluster, the SLURM test; on both cores,
 # each module on one worker. .ci/run runs it after make run.
-# E2E_MARK and E2E_ARGS narrow it (.ci/run runs it in two parts).
+# E2E_MARK and E2E_ARGS narrow it, e.g. E2E_ARGS=tests/test_shards.py.
 E2E_MARK ?= e2e
 E2E_ARGS ?=
 test-e2e: $(STAMP)

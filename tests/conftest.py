@@ -6,12 +6,12 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 import slow_tests
 import torch
+from shared_build import claim, wait_for, xdist_worker
 from slurm_guard import given_cluster, install_guard
 
 # Tests never reach the Hugging Face Hub; the local mirror stands in for it.
@@ -112,13 +112,13 @@ def trained_tiny(tmp_path_factory) -> Path:
     previous = torch.get_num_threads()
     torch.set_num_threads(1)  # session fixtures run before the per-test thread setting
     try:
-        worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...: set in xdist's workers
+        worker = xdist_worker()
         if worker is None:  # no workers: this process trains them all
             out = tmp_path_factory.mktemp("tiny")
             run_tiny(out, settings, log=lambda *args: None)
             return out
         out = tmp_path_factory.getbasetemp().parent / "trained-tiny"  # the workers' common
-        _train_tiny_shared(out, settings, int(worker.removeprefix("gw")))
+        _train_tiny_shared(out, settings, worker)
         return out
     finally:
         torch.set_num_threads(previous)
@@ -136,37 +136,20 @@ def _train_tiny_shared(out: Path, settings, worker: int) -> None:
     from setdlm.recipes.tiny import run_tiny, tiny_tokenizer, write_tiny_summary
 
     out.mkdir(exist_ok=True)
-    if _claim(out / ".tokenizer.claim"):
+    if claim(out / ".tokenizer.claim"):
         tiny_tokenizer(out / "tokenizer", load_wikitext2().train, settings)
         (out / ".tokenizer.done").touch()
-    _wait_for([out / ".tokenizer.done"], "the tokenizer")
+    wait_for([out / ".tokenizer.done"], "the tokenizer", SHARED_TRAINING_WAIT_S)
     # the second worker starts from the other end: both train from the first minute
     order = FAMILY_NAMES if worker % 2 == 0 else FAMILY_NAMES[::-1]
     for family in order:
-        if _claim(out / f".{family}.claim"):
+        if claim(out / f".{family}.claim"):
             run_tiny(out, settings, families=(family,), log=lambda *a: None, write_summary=False)
     done = [out / family / "metrics.json" for family in FAMILY_NAMES]
-    _wait_for(done, "the tiny families another worker trains")
+    wait_for(done, "the tiny families another worker trains", SHARED_TRAINING_WAIT_S)
     write_tiny_summary(
         out, {f: json.loads((out / f / "metrics.json").read_text()) for f in FAMILY_NAMES}
     )
-
-
-def _claim(path: Path) -> bool:
-    try:
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        return True
-    except FileExistsError:
-        return False
-
-
-def _wait_for(paths: list[Path], what: str) -> None:
-    deadline = time.monotonic() + SHARED_TRAINING_WAIT_S
-    while not all(path.exists() for path in paths):
-        if time.monotonic() > deadline:
-            missing = [str(path) for path in paths if not path.exists()]
-            pytest.fail(f"waited {SHARED_TRAINING_WAIT_S} s for {what}: {missing} missing")
-        time.sleep(0.5)
 
 
 @pytest.fixture(scope="session")
