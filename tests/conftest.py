@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import slow_tests
 import torch
-from shared_build import claim, wait_for, xdist_worker
+from shared_build import built_once, claim, wait_for, xdist_worker
 from slurm_guard import given_cluster, install_guard
 
 # Tests never reach the Hugging Face Hub; the local mirror stands in for it.
@@ -128,18 +128,20 @@ SHARED_TRAINING_WAIT_S = 900  # a worker waits this long for the others' familie
 
 
 def _train_tiny_shared(out: Path, settings, worker: int) -> None:
-    """Each worker claims the families no other worker has claimed (an exclusive create), the
-    tokenizer first, trains them, then waits for the rest; the last step, the summary, is
-    written by every worker with the same content."""
+    """The tokenizer first, made once; then each worker claims the families no other worker
+    has claimed (an exclusive create), trains them, and waits for the rest; the last step, the
+    summary, is written by every worker with the same content."""
     from setdlm.data.text import load_wikitext2
     from setdlm.families import FAMILY_NAMES
     from setdlm.recipes.tiny import run_tiny, tiny_tokenizer, write_tiny_summary
 
     out.mkdir(exist_ok=True)
-    if claim(out / ".tokenizer.claim"):
-        tiny_tokenizer(out / "tokenizer", load_wikitext2().train, settings)
-        (out / ".tokenizer.done").touch()
-    wait_for([out / ".tokenizer.done"], "the tokenizer", SHARED_TRAINING_WAIT_S)
+    built_once(
+        out / "tokenizer",
+        lambda folder: tiny_tokenizer(folder, load_wikitext2().train, settings),
+        "the tiny tokenizer",
+        SHARED_TRAINING_WAIT_S,
+    )
     # the second worker starts from the other end: both train from the first minute
     order = FAMILY_NAMES if worker % 2 == 0 else FAMILY_NAMES[::-1]
     for family in order:
@@ -150,6 +152,22 @@ def _train_tiny_shared(out: Path, settings, worker: int) -> None:
     write_tiny_summary(
         out, {f: json.loads((out / f / "metrics.json").read_text()) for f in FAMILY_NAMES}
     )
+
+
+# The fault injection's runs (tests/test_fault_injection.py, tests/test_fault_interrupts.py):
+# the undisturbed run, made once per session (tests/fault_runs.py), and a fault's own copy of it.
+@pytest.fixture(scope="session")
+def undisturbed(tmp_path_factory, data_dir) -> Path:
+    from fault_runs import undisturbed_run
+
+    return undisturbed_run(tmp_path_factory, data_dir)
+
+
+@pytest.fixture
+def faulted(undisturbed, tmp_path) -> Path:
+    from workflow_env import copy_of_run
+
+    return copy_of_run(undisturbed, tmp_path)
 
 
 @pytest.fixture(scope="session")

@@ -24,23 +24,10 @@ from fault_runs import (
     descendant,
     evaluation_started,
     started_main_job,
-    undisturbed_run,
     wait_until,
 )
-from workflow_env import copy_of_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # make test-e2e, not make test
-
-
-# ----------------------------------------------------------------------------- the runs
-@pytest.fixture(scope="module")
-def undisturbed(tmp_path_factory, data_dir) -> Path:
-    return undisturbed_run(tmp_path_factory, data_dir)
-
-
-@pytest.fixture
-def faulted(undisturbed, tmp_path) -> Path:
-    return copy_of_run(undisturbed, tmp_path)
 
 
 # ------------------------------------------------------------- faults on a run in progress
