@@ -304,6 +304,29 @@ def test_write_checkpoint_cleans_up_after_a_failing_writer(tmp_path):
     assert (tmp_path / "manifest.json").read_bytes() == manifest_before
 
 
+def test_staging_files_of_writes_killed_midway_are_gone_when_the_training_resumes(
+    tmp_path, dataset
+):
+    """A SIGKILL between a staging file's write and its rename skips every ``finally``: the
+    staging file stays (CI once found a manifest's). The training that resumes removes them,
+    and only them: a file that merely looks like one (no PID) is kept."""
+    train(tiny_model(), dataset, config(max_steps=6), tmp_path, progress=False)
+    killed = [  # what kills mid-write leave: the manifest's, the config's, the loss log's
+        tmp_path / "checkpoints" / ".manifest.json.tmp-7515",
+        tmp_path / ".config.json.tmp-812",
+        tmp_path / ".losses.jsonl.tmp-99",
+    ]
+    for path in killed:
+        path.write_text('{"format": ')
+    not_staging = tmp_path / ".notes.tmp-draft"
+    not_staging.write_text("a user's file")
+    resumed = train(tiny_model(), dataset, config(max_steps=6), tmp_path, progress=False)
+    assert not [path for path in killed if path.exists()]
+    assert not_staging.read_text() == "a user's file"
+    assert [entry["step"] for entry in read_manifest(tmp_path / "checkpoints")][-1] == 6
+    verify_checkpoint(resumed.checkpoint_path)
+
+
 # --- NaN guard ----------------------------------------------------------------------------
 
 

@@ -21,7 +21,13 @@ from setdlm.core.schedules import LinearSchedule, StaggeredSchedule
 from setdlm.families import FAMILIES, build_model
 from setdlm.families import family as family_info
 from setdlm.util.errors import UserError
-from setdlm.util.files import atomic_write_json, fsync_dir, sha256_file
+from setdlm.util.files import (
+    atomic_write_json,
+    fsync_dir,
+    leftover_temporaries,
+    sha256_file,
+    temporary_beside,
+)
 
 MODEL_FORMAT = "setdlm-model/1"
 # The official config.json names the family by its class, which is the family's title.
@@ -217,11 +223,11 @@ def save_model(model: Family, folder: str | Path) -> Path:
     # What a save killed midway leaves beside the folder (weights included): gone now. One
     # saver per folder at a time is the caller's rule (the workflow's one job per model).
     for stale in [
-        *folder.parent.glob(f".{folder.name}.tmp-*"),
+        *leftover_temporaries(folder),
         *folder.parent.glob(f".{folder.name}.old-*"),
     ]:
         shutil.rmtree(stale, ignore_errors=True)
-    staging = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+    staging = temporary_beside(folder)
     staging.mkdir(parents=True)
     state = {
         name: tensor.detach().cpu().clone().contiguous()

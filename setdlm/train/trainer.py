@@ -35,7 +35,7 @@ from setdlm.train.config import TrainConfig
 from setdlm.train.preemption import Preempted, watch_preemption
 from setdlm.train.run import TrainingRun
 from setdlm.util.errors import UserError
-from setdlm.util.files import atomic_write_json, atomic_write_text
+from setdlm.util.files import atomic_write_json, atomic_write_text, remove_leftover_temporaries
 from setdlm.util.progress import progress_bar
 
 LOSSES_NAME = "losses.jsonl"
@@ -117,6 +117,9 @@ def train(
         run.seed_everything()
     counters = run.counters
     if accelerator.is_main_process:
+        # A kill mid-write (a SIGKILL skips every finally) leaves a staging file beside the
+        # manifest, config or log it was replacing; this training is the folder's one writer.
+        remove_leftover_temporaries(out_dir)
         atomic_write_json(out_dir / "config.json", config.to_dict())
         _truncate_losses(losses_path, counters.step)
         _truncate_losses(probes_path, counters.step)

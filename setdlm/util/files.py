@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ def naming_write_errors(path: Path):
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` in one step: temp file beside it, fsync, ``os.replace``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    temporary = temporary_beside(path)
     try:
         with naming_write_errors(path), open(temporary, "wb") as handle:
             handle.write(data)
@@ -52,6 +53,31 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     finally:
         temporary.unlink(missing_ok=True)
     fsync_dir(path.parent)
+
+
+def temporary_beside(path: Path) -> Path:
+    """Where this process stages a new ``path``: hidden, beside it, named by its PID."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def leftover_temporaries(path: Path) -> list[Path]:
+    """Staging files or folders of ``path`` that a killed writer left (a SIGKILL skips every
+    ``finally``). Only for paths with one writer at a time: another live writer's staging
+    file would be listed too."""
+    return sorted(path.parent.glob(f".{path.name}.tmp-*"))
+
+
+def remove_leftover_temporaries(folder: Path) -> list[Path]:
+    """Remove the staging files and folders that writers killed mid-write left anywhere under
+    ``folder``; return them. Only for folders with one writer at a time (a training's work
+    folder): another live writer's staging file would be removed too."""
+    stale = [path for path in folder.rglob(".*.tmp-*") if path.name.rpartition("-")[2].isdigit()]
+    for path in stale:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return stale
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from setdlm.train.preemption import EXIT_PREEMPTED, Preempted
 from setdlm.util.errors import ArgumentParser
-from setdlm.util.files import atomic_write_json, sha256_file
+from setdlm.util.files import atomic_write_json, remove_leftover_temporaries, sha256_file
 from setdlm.util.scheduler import current_job
 from setdlm.util.validation import SEED, SettingError, output_path
 from setdlm.workflow.config import (
@@ -294,6 +294,7 @@ def _start_over_unless_same(work: Path, identity: dict, log) -> None:
     if not stamp.exists():
         work.mkdir(parents=True, exist_ok=True)
         atomic_write_json(stamp, identity)
+    remove_leftover_temporaries(work)  # what a killed job's writes left; the job is its writer
 
 
 WORK_STAMP = "settings.json"
