@@ -8,6 +8,7 @@ and a model length of 64 instead of 1,024 (at full size the four take over 20 mi
 from __future__ import annotations
 
 import pytest
+import torch
 
 from setdlm.data.tokenizers import load_tokenizer
 from setdlm.families import FAMILY_NAMES
@@ -34,6 +35,23 @@ def test_every_family_builds_the_published_architecture(family, data_dir):
     parameters = sum(p.numel() for p in model.parameters())
     assert parameters == _parameters(QWEN3_1_7B), parameters  # 1.72 B: the real architecture
     assert {str(p.dtype) for p in model.parameters()} == {"torch.bfloat16"}
+
+
+@pytest.mark.slow
+def test_the_random_weights_are_drawn_once_as_transformers_draws_them(data_dir):
+    """Built with torch's init switched off, then transformers' init: nothing may be left as
+    the uninitialized memory that switch leaves (every matrix N(0, 0.02), every norm at 1)."""
+    ids = TokenIds.of(load_tokenizer(data_dir / "tokenizers" / "qwen3"))
+    model = build_real_size("setdlm", ids, layers=1, length=64)
+    for name, parameter in model.named_parameters():
+        values = parameter.detach()[:512].float()  # an init fills a whole tensor or none of it
+        assert torch.isfinite(values).all(), name
+        if values.dim() == 1:
+            assert torch.equal(values, torch.ones_like(values)), name
+        else:
+            assert abs(values.mean().item()) < 1e-3 and 0.019 < values.std().item() < 0.021, name
+    head = model.backbone.model.lm_head.weight
+    assert head.data_ptr() == model.backbone.model.model.embed_tokens.weight.data_ptr()  # tied
 
 
 @pytest.mark.slow
