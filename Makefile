@@ -128,7 +128,8 @@ test-fast: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -m "not slow and not e2e" $(FAST_PARALLEL)
 
-# Rewrites tests/slow_tests.txt: the fast tier measured, each test of 0.1 s or more marked slow.
+# Rewrites tests/slow_tests.txt: the fast tier measured, each test of 0.05 s or more marked slow
+# (tests/slow_tests.py THRESHOLD_S).
 slow-tests: $(STAMP)
 	$(BIN)/python tests/slow_tests.py
 
