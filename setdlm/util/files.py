@@ -60,18 +60,23 @@ def temporary_beside(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
+def _is_staging(path: Path) -> bool:
+    """Named as ``temporary_beside`` names a staging file: ``.<name>.tmp-<pid>``."""
+    return path.name.startswith(".") and path.name.rpartition(".tmp-")[2].isdigit()
+
+
 def leftover_temporaries(path: Path) -> list[Path]:
     """Staging files or folders of ``path`` that a killed writer left (a SIGKILL skips every
     ``finally``). Only for paths with one writer at a time: another live writer's staging
     file would be listed too."""
-    return sorted(path.parent.glob(f".{path.name}.tmp-*"))
+    return sorted(p for p in path.parent.glob(f".{path.name}.tmp-*") if _is_staging(p))
 
 
 def remove_leftover_temporaries(folder: Path) -> list[Path]:
     """Remove the staging files and folders that writers killed mid-write left anywhere under
     ``folder``; return them. Only for folders with one writer at a time (a training's work
     folder): another live writer's staging file would be removed too."""
-    stale = [path for path in folder.rglob(".*.tmp-*") if path.name.rpartition("-")[2].isdigit()]
+    stale = [path for path in folder.rglob(".*.tmp-*") if _is_staging(path)]
     for path in stale:
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
