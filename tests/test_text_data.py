@@ -77,6 +77,22 @@ def test_mirror_tokenizers_load_with_the_right_vocabularies(data_dir):
     assert bert("Hello world")["input_ids"] == [101, 7592, 2088, 102]
 
 
+def test_a_folder_loaded_again_gives_its_tokenizer_until_its_files_change(tmp_path):
+    """A job's points share one load of their tokenizer; a folder rewritten since is read anew."""
+    folder = tmp_path / "tokenizer"
+    train_bpe_tokenizer(["abc def " * 50], 300, SpecialTokens(), folder)
+    first = load_tokenizer(folder)
+    assert load_tokenizer(folder) is first
+    assert load_tokenizer(tmp_path / "." / "tokenizer") is first  # the same folder, spelled apart
+    train_bpe_tokenizer(["xyz uvw " * 50], 300, SpecialTokens(), folder)  # rewritten in place
+    again = load_tokenizer(folder)
+    assert again is not first
+    assert (
+        again("xyz", add_special_tokens=False)["input_ids"]
+        != first("xyz", add_special_tokens=False)["input_ids"]
+    )
+
+
 def test_load_tokenizer_names_a_missing_or_empty_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match="does-not-exist"):
         load_tokenizer(tmp_path / "does-not-exist")
