@@ -35,10 +35,10 @@ _CONFIG_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 # A workflow job evaluates all of a model's points in one process, and each point loads the same
 # tokenizer: Qwen3's (151,669 tokens) takes 0.6 s a time (transformers reads its tokenizer.json
-# in Python), 10 of the 43 s of a rehearsal job. So a folder's tokenizer is read once per state
-# of its files and then shared; callers only read it (a fast tokenizer sets its truncation and
-# padding afresh on every call). A copy would cost more than a load (0.8 s), and a few folders
-# are kept, not every one a long process (the test suite) meets.
+# in Python), 10 of the 43 s of a rehearsal job. So a tokenizer is read once per process (a
+# folder's once per state of its files) and then shared; callers only read it (a fast tokenizer
+# sets its truncation and padding afresh on every call). A copy would cost more than a load
+# (0.8 s), and only a few are kept, not every one a long process (the test suite) meets.
 _LOADED: OrderedDict[tuple, PreTrainedTokenizerBase] = OrderedDict()
 _LOADED_KEPT = 4
 
@@ -48,28 +48,32 @@ def load_tokenizer(name_or_dir: str | os.PathLike) -> PreTrainedTokenizerBase:
 
     Never runs remote code. A folder needs ``tokenizer.json``/``tokenizer_config.json`` or one
     of the raw vocabularies (``vocab.json`` + ``merges.txt`` for GPT-2 BPE, ``vocab.txt`` for
-    BERT WordPiece). A folder loaded before, whose files have not changed since, gives the same
-    object again: do not modify it.
+    BERT WordPiece). A folder loaded before, whose files have not changed since, or a Hub id
+    loaded before in this process, gives the same object again: do not modify it.
     """
     path = Path(name_or_dir).expanduser()
     if path.is_dir():
         key = _folder_state(path)
-        if key in _LOADED:
-            _LOADED.move_to_end(key)
-            return _LOADED[key]
+    elif path.exists() or str(name_or_dir).startswith((".", "/", "~")):
+        raise DataNotFoundError(f"tokenizer folder {path} does not exist (or is not a folder)")
+    else:
+        key = ("hub", str(name_or_dir))  # the published checkpoints name theirs by Hub id
+    if key in _LOADED:
+        _LOADED.move_to_end(key)
+        return _LOADED[key]
+    if path.is_dir():
         try:
             tokenizer = _load_folder(path)
         except DataNotFoundError:
             raise
         except (OSError, ValueError) as error:  # files that are there but do not load
             raise DataError(f"tokenizer folder {path}: its files do not load ({error})") from None
-        _LOADED[key] = tokenizer
-        if len(_LOADED) > _LOADED_KEPT:
-            _LOADED.popitem(last=False)
-        return tokenizer
-    if path.exists() or str(name_or_dir).startswith((".", "/", "~")):
-        raise DataNotFoundError(f"tokenizer folder {path} does not exist (or is not a folder)")
-    return AutoTokenizer.from_pretrained(str(name_or_dir), trust_remote_code=False)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(str(name_or_dir), trust_remote_code=False)
+    _LOADED[key] = tokenizer
+    if len(_LOADED) > _LOADED_KEPT:
+        _LOADED.popitem(last=False)
+    return tokenizer
 
 
 def _folder_state(path: Path) -> tuple:
