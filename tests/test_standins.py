@@ -42,6 +42,7 @@ def test_every_key_loads_through_the_hub_code_with_its_tasks_tokens(cache, monke
         spec = zoo.resolve(key)
         loaded = load_pretrained(key)
         tokenizer = load_tokenizer_for(loaded)  # the table's tokenizer repository, from the cache
+        assert load_tokenizer_for(loaded) is tokenizer  # read once: a job's points share it
         config = loaded.model.config
         assert loaded.revision == entries[spec.hub_id].commits[-1]  # main
         assert (config.family, config.length) == (spec.family, spec.length)

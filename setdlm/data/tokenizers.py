@@ -35,10 +35,10 @@ _CONFIG_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 # A workflow job evaluates all of a model's points in one process, and each point loads the same
 # tokenizer: Qwen3's (151,669 tokens) takes 0.6 s a time (transformers reads its tokenizer.json
-# in Python), 10 of the 43 s of a rehearsal job. So a tokenizer is read once per process (a
-# folder's once per state of its files) and then shared; callers only read it (a fast tokenizer
-# sets its truncation and padding afresh on every call). A copy would cost more than a load
-# (0.8 s), and only a few are kept, not every one a long process (the test suite) meets.
+# in Python), about 4 of a 15-point rehearsal job's 35 s. So a tokenizer is read once per
+# process (a folder's once per state of its files) and then shared; callers only read it (a fast
+# tokenizer sets its truncation and padding afresh on every call). A copy would cost more than a
+# load (0.8 s), and only a few are kept, not every one a long process (the test suite) meets.
 _LOADED: OrderedDict[tuple, PreTrainedTokenizerBase] = OrderedDict()
 _LOADED_KEPT = 4
 
