@@ -83,7 +83,7 @@ def test_a_folder_loaded_again_gives_its_tokenizer_until_its_files_change(tmp_pa
     train_bpe_tokenizer(["abc def " * 50], 300, SpecialTokens(), folder)
     first = load_tokenizer(folder)
     assert load_tokenizer(folder) is first
-    assert load_tokenizer(tmp_path / "." / "tokenizer") is first  # the same folder, spelled apart
+    assert load_tokenizer(tmp_path / "." / "tokenizer") is first  # the same path, written apart
     train_bpe_tokenizer(["xyz uvw " * 50], 300, SpecialTokens(), folder)  # rewritten in place
     again = load_tokenizer(folder)
     assert again is not first

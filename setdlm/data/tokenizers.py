@@ -13,9 +13,9 @@ layers stay small and training is fast.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
-from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import astuple, dataclass
 from pathlib import Path
@@ -33,15 +33,6 @@ _RAW_VOCAB_TYPES = (
 )
 _CONFIG_FILES = ("tokenizer.json", "tokenizer_config.json")
 
-# A workflow job evaluates all of a model's points in one process, and each point loads the same
-# tokenizer: Qwen3's (151,669 tokens) takes 0.6 s a time (transformers reads its tokenizer.json
-# in Python), about 4 of a 15-point rehearsal job's 35 s. So a tokenizer is read once per
-# process (a folder's once per state of its files) and then shared; callers only read it (a fast
-# tokenizer sets its truncation and padding afresh on every call). A copy would cost more than a
-# load (0.8 s), and only a few are kept, not every one a long process (the test suite) meets.
-_LOADED: OrderedDict[tuple, PreTrainedTokenizerBase] = OrderedDict()
-_LOADED_KEPT = 4
-
 
 def load_tokenizer(name_or_dir: str | os.PathLike) -> PreTrainedTokenizerBase:
     """A tokenizer from a local folder, or from the Hub when ``name_or_dir`` is not a folder.
@@ -53,38 +44,42 @@ def load_tokenizer(name_or_dir: str | os.PathLike) -> PreTrainedTokenizerBase:
     """
     path = Path(name_or_dir).expanduser()
     if path.is_dir():
-        key = _folder_state(path)
-    elif path.exists() or str(name_or_dir).startswith((".", "/", "~")):
-        raise DataNotFoundError(f"tokenizer folder {path} does not exist (or is not a folder)")
-    else:
-        key = ("hub", str(name_or_dir))  # the published checkpoints name theirs by Hub id
-    if key in _LOADED:
-        _LOADED.move_to_end(key)
-        return _LOADED[key]
-    if path.is_dir():
         try:
-            tokenizer = _load_folder(path)
+            return _folder_tokenizer(path, _files_state(path))
         except DataNotFoundError:
             raise
         except (OSError, ValueError) as error:  # files that are there but do not load
             raise DataError(f"tokenizer folder {path}: its files do not load ({error})") from None
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(str(name_or_dir), trust_remote_code=False)
-    _LOADED[key] = tokenizer
-    if len(_LOADED) > _LOADED_KEPT:
-        _LOADED.popitem(last=False)
-    return tokenizer
+    if path.exists() or str(name_or_dir).startswith((".", "/", "~")):
+        raise DataNotFoundError(f"tokenizer folder {path} does not exist (or is not a folder)")
+    return _hub_tokenizer(str(name_or_dir))  # the published checkpoints name theirs by Hub id
 
 
-def _folder_state(path: Path) -> tuple:
-    """The folder and what its files are now (name, size, modification time): a file replaced
-    or rewritten since the last load gives another key."""
+# A workflow job evaluates all of a model's points in one process, and each point loads the same
+# tokenizer: Qwen3's (151,669 tokens) takes 0.6 s a time (transformers reads its tokenizer.json
+# in Python), about 4 of a 15-point rehearsal job's 35 s. So a tokenizer is read once per
+# process (a folder's once per state of its files) and then shared; callers only read it (a fast
+# tokenizer sets its truncation and padding afresh on every call). A copy would cost more than a
+# load (0.8 s), and only a few are kept, not every one a long process (the test suite) meets.
+@functools.lru_cache(maxsize=4)
+def _folder_tokenizer(folder: Path, files: tuple) -> PreTrainedTokenizerBase:
+    """``files`` (``_files_state``) only keys the cache: a folder rewritten since is read anew."""
+    return _load_folder(folder)
+
+
+@functools.lru_cache(maxsize=4)
+def _hub_tokenizer(name: str) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(name, trust_remote_code=False)
+
+
+def _files_state(path: Path) -> tuple:
+    """What the folder's files are now (name, size, modification time), sorted by name."""
     files = []
     for entry in os.scandir(path):
         if entry.is_file():
             stat = entry.stat()
             files.append((entry.name, stat.st_size, stat.st_mtime_ns))
-    return (str(path.resolve()), tuple(sorted(files)))
+    return tuple(sorted(files))
 
 
 def _load_folder(path: Path):
