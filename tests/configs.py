@@ -45,8 +45,10 @@ def tiny_quick_config() -> dict:
 
 def tiny_with_overlay(path: Path) -> dict:
     """tiny.yaml with the overlay at ``path``, merged key by key as Snakemake merges two
-    --configfile."""
-    config = tiny_config()
+    --configfile: each into an empty config in turn, so that tiny.yaml's YAML aliases (one
+    `train` block for several models) are copied, not changed through one model."""
+    config: dict = {}
+    update_config(config, tiny_config())
     update_config(config, yaml.safe_load(path.read_text()))
     return config
 

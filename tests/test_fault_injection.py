@@ -1,7 +1,8 @@
 """Fault injection on the main job's DAG: all_tables, as `make run` runs it, on the embedded
 default with the overlay workflows/config/tiny-quick.yaml (every model, task, decoding policy and
-rule of tiny.yaml, each model trained and evaluated once per seed; fewer training steps, seeds,
-problems and τ, because recovery is about files, locks and stores, not about the numbers). One
+rule of tiny.yaml, each model trained or copied, and evaluated, once per seed; ar-arith trained
+on fewer steps, the others copied from the reference models; fewer seeds, problems and τ,
+because recovery is about files, locks and stores, not about the numbers). One
 undisturbed run of it is made per session (tests/fault_runs.py), shared with the interrupted
 runs of tests/test_fault_interrupts.py.
 Each fault then works on its own copy of it (``.snakemake`` metadata and modification times

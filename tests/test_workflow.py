@@ -42,6 +42,7 @@ from setdlm.workflow.config import (
     validate,
 )
 from setdlm.workflow.plan import build
+from setdlm.workflow.references import copied_seeds
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "workflows" / "config"
@@ -230,9 +231,9 @@ def test_the_shipped_configurations_are_valid(data_dir):
 
 
 def test_the_quick_overlay_keeps_every_rule_and_only_cuts_costs(data_dir):
-    """tiny-quick.yaml (fault injection, the CI's SLURM stage) stands for the main job: the
-    same models, tasks, policies and kinds of job; fewer training steps and points, its own
-    run folder."""
+    """tiny-quick.yaml (the fault injection) stands for the main job: the same models, tasks,
+    policies and kinds of job; fewer seeds and points, one model trained on fewer steps and the
+    others copied, its own run folder."""
     env = {"SETDLM_DATA_DIR": str(data_dir)}
     main_config, quick_config = tiny_config(), tiny_quick_config()
     main, quick = build(main_config, env), build(quick_config, env)
@@ -244,12 +245,37 @@ def test_the_quick_overlay_keeps_every_rule_and_only_cuts_costs(data_dir):
 
     assert policies(quick) == policies(main) and len(policies(main)) > 1
     assert len(quick.points) < len(main.points) and quick.trained.keys() == main.trained.keys()
-    steps = {
-        name: (entry["train"].get("steps"), main_config["models"][name]["train"].get("steps"))
-        for name, entry in quick_config["models"].items()
-    }
-    assert all(quick < full for quick, full in steps.values() if full)  # only fewer steps
-    assert sum(1 for quick, full in steps.values() if full) == 4  # the arithmetic models
+    # Both ways a model comes to the run: ar-arith trained here on fewer steps (the faults on a
+    # model aim at it), the other three copied from the reference models with their recipe.
+    steps = {name: entry["train"]["steps"] for name, entry in quick_config["models"].items()}
+    assert steps["ar-arith"] < main_config["models"]["ar-arith"]["train"]["steps"]
+    quick_validated = validate(quick_config, environ=env)
+    assert copied_seeds(quick_validated, "ar-arith") is None
+    for name in ("mdlm-arith", "bd3lm-s4-arith", "setdlm-smax8-arith"):
+        assert steps[name] == main_config["models"][name]["train"]["steps"], name
+        assert copied_seeds(quick_validated, name) == [0, 1], name
+
+
+def test_an_overlay_on_one_model_of_a_shared_yaml_block_changes_that_model_only(tmp_path):
+    """tiny.yaml's arithmetic models share one `train` block (a YAML alias): an overlay that
+    changes it for one model leaves the others as they were, in Snakemake's merge of two
+    --configfile and in `setdlm plan`'s, which must agree."""
+    from snakemake.utils import update_config
+
+    from setdlm.commands.plan import merged
+
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("models: {ar-arith: {train: {steps: 7, curve: {every: 5}}}}\n")
+    snakemakes: dict = {}
+    for path in (TINY_PATH, overlay):  # as snakemake/cli.py merges --configfile A B
+        update_config(snakemakes, yaml.safe_load(path.read_text()))
+    assert merged([TINY_PATH, overlay]) == snakemakes
+    models = snakemakes["models"]
+    assert models["ar-arith"]["train"]["steps"] == 7
+    assert models["ar-arith"]["train"]["curve"]["every"] == 5
+    for name in ("mdlm-arith", "bd3lm-s4-arith", "setdlm-smax8-arith"):
+        assert models[name]["train"]["steps"] in (4000, 24000), name
+        assert models[name]["train"]["curve"]["every"] == 250, name
 
 
 def test_the_default_trains_and_judges_with_one_generator(data_dir):

@@ -40,8 +40,14 @@ def merged(paths: list[Path]) -> dict:
 
 
 def _update(into: dict, value: dict) -> None:
+    """Snakemake's update_config: a mapping is merged into a mapping of the merged config's own
+    (a new one where there was none), never stored as the file's object. A file's YAML alias
+    (tiny.yaml's models share one `train` block) must not carry a later file's change to one
+    model into the others that share it."""
     for key, item in value.items():
-        if isinstance(item, dict) and isinstance(into.get(key), dict):
+        if isinstance(item, dict):
+            if not isinstance(into.get(key), dict):
+                into[key] = {}
             _update(into[key], item)
         else:
             into[key] = item
