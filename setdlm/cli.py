@@ -8,7 +8,7 @@ import sys
 
 from setdlm.commands.bench import BENCH
 from setdlm.commands.command import Command, add_commands, forwarded
-from setdlm.commands.evaluation import EVAL, LM_EVAL_TASKS
+from setdlm.commands.evaluation import EVAL, LM_EVAL, LM_EVAL_TASKS
 from setdlm.commands.models import GENERATE, IMPORT_LEGACY, MODELS, PARITY
 from setdlm.commands.plan import PLAN
 from setdlm.commands.rehearsal import REHEARSAL
@@ -25,11 +25,7 @@ COMMANDS: tuple[Command, ...] = (
     MODELS,
     GENERATE,
     EVAL,
-    forwarded(
-        "lm-eval",
-        "setdlm.eval.harness:lm_eval_main",
-        "lm-eval's command line with the `setdlm` model registered (arguments pass through)",
-    ),
+    LM_EVAL,
     LM_EVAL_TASKS,
     # Commands with their own argument parsers (arguments pass through).
     forwarded(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import lm_eval
 import pytest
@@ -323,6 +325,35 @@ def test_the_command_line_wrapper(trained_tiny, task_folder, tmp_path):
     results = json.loads(results_file.read_text())["results"]["gsm8k_setdlm_pareto"]
     assert results["sample_len"] == 2
     assert 0.0 <= results["exact_match,strict-match"] <= 1.0
+
+
+def test_setdlm_lm_eval_refuses_a_missing_model_before_lm_eval_starts(tmp_path):
+    """`setdlm lm-eval` names a model that cannot load before lm-eval imports and indexes its
+    task files (about 10 s); arguments it cannot read it leaves to lm-eval."""
+    from setdlm.commands.evaluation import _setdlm_pretrained
+
+    missing = tmp_path / "no-such-model"
+    script = (
+        "import sys\n"
+        "from setdlm.commands.evaluation import lm_eval\n"
+        "from setdlm.checkpoints.folders import CheckpointError\n"
+        "try:\n"
+        f"    lm_eval(['--model', 'setdlm', '--model_args', 'pretrained={missing},seed=1',\n"
+        "             '--tasks', 'gsm8k', '--limit', '1'])\n"
+        "except CheckpointError as error:\n"
+        "    print(error)\n"
+        "print(sorted(name for name in sys.modules if name.split('.')[0] == 'lm_eval'))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines() == [f"{missing}: no such model folder", "[]"]
+    assert _setdlm_pretrained(["--model=setdlm", "--model_args=threshold=0.5,pretrained=a/b"]) == (
+        "a/b"
+    )
+    assert _setdlm_pretrained(["--model", "hf", "--model_args", "pretrained=/x"]) is None
+    assert _setdlm_pretrained(["--model", "setdlm", "--model_args", '{"pretrained": 1}']) is None
 
 
 @pytest.mark.parametrize("family", ["ar", "bd3lm"])

@@ -291,6 +291,26 @@ def resolve(name: str) -> PublishedModel | None:
     return PUBLISHED.get(name) or by_hub_id.get(name)
 
 
+def check_model_name(name: str) -> None:
+    """Refuse a name that can name no model (a path that is no folder, a key or Hub id of no
+    loadable model) before anything is loaded or downloaded: what ``load_pretrained`` refuses
+    first, so that a command can say it before its slow start (``setdlm lm-eval``)."""
+    from setdlm.checkpoints.folders import CheckpointError
+
+    if Path(name).expanduser().is_dir():
+        return
+    if name.startswith((".", "/", "~")):
+        raise CheckpointError(f"{name}: no such model folder")
+    spec = resolve(name)
+    if spec is None and name.count("/") != 1:
+        raise CheckpointError(
+            f"{name!r} is not a folder, a known key ({', '.join(sorted(PUBLISHED)[:4])}, ...; "
+            f"see `setdlm models`) or a Hub id of the form org/name"
+        )
+    if spec is not None and not spec.loadable:
+        raise CheckpointError(f"{spec.key} ({spec.hub_id}): {spec.note}")
+
+
 def load_pretrained(name: str, revision: str | None = None) -> Loaded:
     """A model from a local folder, a compact key, or a Hub id.
 
@@ -303,16 +323,8 @@ def load_pretrained(name: str, revision: str | None = None) -> Loaded:
     folder = Path(name).expanduser()
     if folder.is_dir():
         return Loaded(load_model(folder), None, folder)
-    if name.startswith((".", "/", "~")):
-        raise CheckpointError(f"{name}: no such model folder")
+    check_model_name(name)
     spec = resolve(name)
-    if spec is None and name.count("/") != 1:
-        raise CheckpointError(
-            f"{name!r} is not a folder, a known key ({', '.join(sorted(PUBLISHED)[:4])}, ...; "
-            f"see `setdlm models`) or a Hub id of the form org/name"
-        )
-    if spec is not None and not spec.loadable:
-        raise CheckpointError(f"{spec.key} ({spec.hub_id}): {spec.note}")
     repo_id = spec.hub_id if spec else name
     pinned = revision or (spec.revision if spec else None)
     folder = Path(_download(repo_id, pinned))
