@@ -119,10 +119,13 @@ test: $(STAMP)
 # results folder with a space, dry runs) and, given a cluster, the SLURM test; on both cores,
 # each module on one worker. .ci/run runs it after make run.
 # E2E_MARK and E2E_ARGS narrow it, e.g. E2E_ARGS=tests/test_shards.py.
+# The modules start in the order tests/conftest.py gives (the SLURM test, which mostly waits,
+# first), not by test count.
 E2E_MARK ?= e2e
 E2E_ARGS ?=
 test-e2e: $(STAMP)
-	$(BIN)/python -m pytest -q -m "$(E2E_MARK)" $(PARALLEL) --durations=20 $(E2E_ARGS); rc=$$?; \
+	$(BIN)/python -m pytest -q -m "$(E2E_MARK)" $(PARALLEL) --no-loadscope-reorder --durations=20 \
+	    $(E2E_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose" >&2; exit 1; fi; \
 	exit $$rc
 
