@@ -291,14 +291,15 @@ def resolve(name: str) -> PublishedModel | None:
     return PUBLISHED.get(name) or by_hub_id.get(name)
 
 
-def check_model_name(name: str) -> None:
+def check_model_name(name: str) -> PublishedModel | None:
     """Refuse a name that can name no model (a path that is no folder, a key or Hub id of no
     loadable model) before anything is loaded or downloaded: what ``load_pretrained`` refuses
-    first, so that a command can say it before its slow start (``setdlm lm-eval``)."""
+    first, so that a command can say it before its slow start (``setdlm lm-eval``). Returns
+    the published model the name resolves to (None for a folder or another Hub id)."""
     from setdlm.checkpoints.folders import CheckpointError
 
     if Path(name).expanduser().is_dir():
-        return
+        return None
     if name.startswith((".", "/", "~")):
         raise CheckpointError(f"{name}: no such model folder")
     spec = resolve(name)
@@ -309,6 +310,7 @@ def check_model_name(name: str) -> None:
         )
     if spec is not None and not spec.loadable:
         raise CheckpointError(f"{spec.key} ({spec.hub_id}): {spec.note}")
+    return spec
 
 
 def load_pretrained(name: str, revision: str | None = None) -> Loaded:
@@ -323,8 +325,7 @@ def load_pretrained(name: str, revision: str | None = None) -> Loaded:
     folder = Path(name).expanduser()
     if folder.is_dir():
         return Loaded(load_model(folder), None, folder)
-    check_model_name(name)
-    spec = resolve(name)
+    spec = check_model_name(name)
     repo_id = spec.hub_id if spec else name
     pinned = revision or (spec.revision if spec else None)
     folder = Path(_download(repo_id, pinned))
