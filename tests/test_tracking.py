@@ -278,6 +278,8 @@ def test_an_interrupted_sync_is_completed_by_the_next(results, monkeypatch, step
 
     def die_after(self, *args, **kwargs):
         value = original(self, *args, **kwargs)
+        if step == "set_terminated" and SWEEP_TAG in self.get_run(args[0]).data.tags:
+            return value  # a new sweep's parent, finished before its first point: not a point
         if step == "create_run":
             touched.append(value.info.run_id)
         elif step == "log_artifact":  # <experiment>/<run id>/artifacts
@@ -303,6 +305,24 @@ def test_an_interrupted_sync_is_completed_by_the_next(results, monkeypatch, step
     assert {"samples.jsonl", "metrics.json"} <= {
         a.name for a in _artifacts(results, completed).iterdir()
     }
+
+
+def test_a_sweep_parent_left_running_is_finished_by_the_next_sync(results, capsys):
+    """A sync killed between a sweep parent's creation and its end leaves it RUNNING, its
+    points already complete: a replay, which touches no point, still finishes it."""
+    folder = str(results / "runs" / "tiny")
+    assert sync_main([folder]) == 0
+    client = _client(results)
+    ids = [e.experiment_id for e in client.search_experiments()]
+    parents = client.search_runs(ids, filter_string=f"tags.`{SWEEP_TAG}` != ''")
+    assert parents
+    client.update_run(parents[0].info.run_id, status="RUNNING")
+    capsys.readouterr()
+    assert sync_main([folder]) == 0
+    out = capsys.readouterr().out
+    assert f"0 created, 0 updated, {len(POINTS)} unchanged" in out
+    assert f"sweep summaries: 0 created, 1 updated, {len(parents) - 1} unchanged" in out
+    assert client.get_run(parents[0].info.run_id).info.status == "FINISHED"
 
 
 KILLED_AFTER_CREATE_RUN = """
@@ -1088,7 +1108,7 @@ def test_a_run_is_written_in_as_few_batches_as_mlflow_allows_and_a_changed_param
         end_ms=None,
     )
     run_id = sync_run(client, record, "folder", None).run_id
-    assert batches == [(2, 100, 1), (0, 50, 0)]
+    assert batches == [(2, 100, 2), (0, 50, 0)]  # tags: result_dir and the sweep parent
     logged = client.get_run(run_id).data
     assert len(logged.params) == 150 and logged.metrics["accuracy"] == 0.5
     # The same configuration with one param's value changed: params are write-once, so the

@@ -71,12 +71,18 @@ def sync_main(argv: list[str] | None = None) -> int:
     try:
         with writer_lock(store):
             client = open_client(store)
-            from setdlm.tracking.sync import sync_run, sync_sweep, sync_views
+            from setdlm.tracking.sync import Known, sync_run, sync_sweep, sync_views
 
+            known = Known()  # what this sync found or wrote, not searched for again
             for point, record in pairs:
                 current = point.folder
                 run = sync_run(
-                    client, record, str(current), store.artifact_root, store.artifacts_destination
+                    client,
+                    record,
+                    str(current),
+                    store.artifact_root,
+                    store.artifacts_destination,
+                    known,
                 )
                 print(f"  {run.action:9s} {run.experiment}: {run.run_name}  (run {run.run_id})")
                 synced.append(run)

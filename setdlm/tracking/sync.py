@@ -29,7 +29,7 @@ from __future__ import annotations
 import sys
 import time
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlflow.entities import Metric, Param, RunTag, ViewType
@@ -80,14 +80,34 @@ class SyncedRun:
     action: str  # "created", "updated" or "unchanged"
 
 
+@dataclass
+class Known:
+    """What one sync has already found or written, so that it is not searched for again: the
+    experiments' ids by name, the runs it synced by (experiment id, config hash), the sweeps'
+    parent runs by (experiment id, sweep). Each search is a query and a transaction on a
+    database store: without them (and with a point's parent tag in its batch) the default's
+    sync of 270 runs into a new store took 24.8 s against 29.2 s (median of 3, alternated,
+    AMD EPYC; issue 47). Valid under the writer's lock; on a server, as valid as the search
+    it replaces, which another machine's sync may also race."""
+
+    experiments: dict[str, str] = field(default_factory=dict)
+    runs: dict[tuple[str, str], str] = field(default_factory=dict)
+    sweeps: dict[tuple[str, str], str] = field(default_factory=dict)
+
+
 def sync_run(
     client,
     record: RunRecord,
     folder: str,
     artifact_root: str | None,
     artifacts_destination: Path | None = None,
+    known: Known | None = None,
 ) -> SyncedRun:
-    experiment_id = ensure_experiment(client, record.experiment, artifact_root)
+    known = Known() if known is None else known
+    experiment_id = known.experiments.get(record.experiment)
+    if experiment_id is None:
+        experiment_id = ensure_experiment(client, record.experiment, artifact_root)
+        known.experiments[record.experiment] = experiment_id
     run = find_run(client, experiment_id, record.config_hash)
     if run is None:
         run = client.create_run(
@@ -107,7 +127,8 @@ def sync_run(
     else:
         action = "updated"
     if action != "unchanged":
-        _complete(client, run, record, experiment_id, artifacts_destination)
+        _complete(client, run, record, experiment_id, artifacts_destination, known)
+    known.runs[experiment_id, record.config_hash] = run.info.run_id
     return SyncedRun(
         folder,
         record.experiment,
@@ -169,7 +190,12 @@ def _is_synced(run, record: RunRecord) -> bool:
 
 
 def _complete(
-    client, run, record: RunRecord, experiment_id: str, artifacts_destination: Path | None
+    client,
+    run,
+    record: RunRecord,
+    experiment_id: str,
+    artifacts_destination: Path | None,
+    known: Known,
 ) -> None:
     """Bring one run up to date with its record; every step is safe to repeat."""
     run_id = run.info.run_id
@@ -177,13 +203,13 @@ def _complete(
     tags = [RunTag(k, v) for k, v in record.tags.items() if run.data.tags.get(k) != v]
     if stale:
         tags.append(RunTag(STALE_TAG, ",".join(stale)[:MAX_TAG_LENGTH]))
+    parent = run_parent(client, experiment_id, record, known)
+    if parent is not None and run.data.tags.get(PARENT_TAG) != parent:
+        tags.append(RunTag(PARENT_TAG, parent))  # in the batch: one transaction fewer
     _log_batches(client, run_id, _new_metrics(client, run, record), params, tags)
     _log_artifacts(client, run, record.artifacts, artifacts_destination)
     if run.info.status != RunStatus.to_string(RunStatus.FINISHED):
         client.set_terminated(run_id, "FINISHED", end_time=record.end_ms)
-    parent = run_parent(client, experiment_id, record)
-    if parent is not None and run.data.tags.get(PARENT_TAG) != parent:
-        client.set_tag(run_id, PARENT_TAG, parent)
     supersede_others(client, experiment_id, record, run_id)
     client.set_tag(run_id, SYNCED_TAG, record.fingerprint)  # last: the run is now complete
 
@@ -218,26 +244,35 @@ def elsewhere(location: str, destination: Path) -> bool:
     return not path.is_relative_to(destination.resolve())
 
 
-def run_parent(client, experiment_id: str, record: RunRecord) -> str | None:
+def run_parent(client, experiment_id: str, record: RunRecord, known: Known) -> str | None:
     """A point's parent is its sweep's run; one training seed's is its point's run (the
-    aggregate over the seeds, synced before it: its folder sorts first). None while that run
-    does not exist yet (the next sync nests it)."""
+    aggregate over the seeds, synced before it: its folder sorts first, so this sync knows it).
+    None while that run does not exist yet (the next sync nests it)."""
     if record.parent_hash is None:
-        return sweep_parent(client, experiment_id, record.sweep)
+        return sweep_parent(client, experiment_id, record.sweep, known)
+    synced = known.runs.get((experiment_id, record.parent_hash))
+    if synced is not None:
+        return synced
     point = find_run(client, experiment_id, record.parent_hash)
     return None if point is None else point.info.run_id
 
 
-def sweep_parent(client, experiment_id: str, sweep: str) -> str:
+def sweep_parent(client, experiment_id: str, sweep: str, known: Known) -> str:
     """The parent run of a (task, model, policy) sweep, created the first time one of its
     points is; named after its model (and policy)."""
-    runs = runs_tagged(client, experiment_id, SWEEP_TAG, sweep)
-    if runs:
-        return runs[0].info.run_id
-    model = sweep.rsplit("/", 1)[-1]
-    parent = client.create_run(experiment_id, run_name=model, tags={SWEEP_TAG: sweep})
-    client.set_terminated(parent.info.run_id, "FINISHED")
-    return parent.info.run_id
+    parent_id = known.sweeps.get((experiment_id, sweep))
+    if parent_id is None:
+        runs = runs_tagged(client, experiment_id, SWEEP_TAG, sweep)
+        if runs:
+            parent_id = runs[0].info.run_id
+        else:
+            model = sweep.rsplit("/", 1)[-1]
+            parent_id = client.create_run(
+                experiment_id, run_name=model, tags={SWEEP_TAG: sweep}
+            ).info.run_id
+            client.set_terminated(parent_id, "FINISHED")
+        known.sweeps[experiment_id, sweep] = parent_id
+    return parent_id
 
 
 def sync_sweep(client, record: SweepRecord) -> str:
@@ -247,9 +282,13 @@ def sync_sweep(client, record: SweepRecord) -> str:
     runs = runs_tagged(client, experiment_id, SWEEP_TAG, record.sweep)
     action = "updated" if runs else "created"
     run = client.get_run(
-        runs[0].info.run_id if runs else sweep_parent(client, experiment_id, record.sweep)
+        runs[0].info.run_id if runs else sweep_parent(client, experiment_id, record.sweep, Known())
     )
     run_id, logged = run.info.run_id, run.data
+    finished = RunStatus.to_string(RunStatus.FINISHED)
+    if run.info.status != finished:  # a sync killed between its creation and its end
+        client.set_terminated(run_id, finished)
+        action = "updated"
     params = [Param(k, v) for k, v in record.params.items() if k not in logged.params]
     stale = sorted(k for k, v in record.params.items() if logged.params.get(k, v) != v)
     metrics = [
@@ -266,7 +305,7 @@ def sync_sweep(client, record: SweepRecord) -> str:
         )
         tags.append(RunTag(STALE_TAG, ",".join(stale)[:MAX_TAG_LENGTH]))
     _log_batches(client, run_id, metrics=metrics, params=params, tags=tags)
-    if action == "updated" and not (params or metrics or tags):
+    if action == "updated" and not (params or metrics or tags) and run.info.status == finished:
         action = "unchanged"
     return action
 
