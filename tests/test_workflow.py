@@ -762,6 +762,8 @@ def run_copy(finished_run, tmp_path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # the module's workflow run (31 s of make test's setup, AMD EPYC), which the
+# two e2e tests below need anyway: in that tier it costs its assertions only (issue 47)
 def test_the_tiny_workflow_writes_every_result(finished_run):
     run = finished_run / "results" / "runs" / "mini"
     first = job_counts((finished_run / "first-run.log").read_text())
