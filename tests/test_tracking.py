@@ -899,6 +899,59 @@ def test_sweep_parents_carry_the_shared_params_and_a_summary(small_results):
     assert nll.tags["setdlm.quality_direction"] == "lower is better"
 
 
+def _store_contents(uri: str) -> dict:
+    """Every run of a store by its identity (config hash, else sweep): its name, status,
+    params, metrics and tags, its parent named by identity too; ids and times left out."""
+    client = MlflowClient(uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(experiments, max_results=1000)
+    identity = {
+        r.info.run_id: r.data.tags.get(IDENTITY_TAG, r.data.tags.get(SWEEP_TAG)) for r in runs
+    }
+    contents = {}
+    for run in runs:
+        tags = {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")}
+        parent = identity.get(run.data.tags.get("mlflow.parentRunId"))
+        key = identity[run.info.run_id]
+        assert key not in contents, f"two runs of {key}"
+        contents[key] = (
+            run.info.run_name,
+            run.info.status,
+            run.data.params,
+            run.data.metrics,
+            tags,
+            parent,
+        )
+    return contents
+
+
+def test_a_sync_into_a_new_store_searches_nothing_and_writes_what_searching_would(
+    small_results, tmp_path, monkeypatch
+):
+    """Into a store it created, under the lock, a sync knows every run there: it skips the
+    searches (issue 47) and must write exactly the runs, parents and tags it writes with them."""
+    from setdlm.tracking import sync
+    from setdlm.tracking.record import sweep_records
+
+    folder = str(small_results / "runs" / "tiny")
+    searches = []
+    counted = MlflowClient.search_runs
+    monkeypatch.setattr(
+        MlflowClient,
+        "search_runs",
+        lambda self, *a, **k: searches.append(a) or counted(self, *a, **k),
+    )
+    fast, slow = f"sqlite:///{tmp_path / 'fast.db'}", f"sqlite:///{tmp_path / 'slow.db'}"
+    assert sync_main([folder, "--tracking-uri", fast]) == 0
+    sweeps = len(sweep_records(_records(small_results)))
+    assert len(searches) == sweeps  # the sweeps' summaries only, one search each
+    with monkeypatch.context() as patch:
+        patch.setattr(sync.Known, "made_all_runs_of", lambda self, experiment_id: False)
+        assert sync_main([folder, "--tracking-uri", slow]) == 0
+    assert len(searches) > 3 * sweeps
+    assert _store_contents(fast) == _store_contents(slow)
+
+
 def test_saved_views_open_the_key_columns_and_the_speed_quality_charts(small_results):
     from setdlm.tracking.record import experiment_facts
     from setdlm.tracking.views import (

@@ -73,7 +73,9 @@ def sync_main(argv: list[str] | None = None) -> int:
             client = open_client(store)
             from setdlm.tracking.sync import Known, sync_run, sync_sweep, sync_views
 
-            known = Known()  # what this sync found or wrote, not searched for again
+            # What this sync found or wrote, not searched for again; a local database's
+            # writers all take the lock held here, so no other run appears in it meanwhile.
+            known = Known(exclusive=sqlite_path(store.uri) is not None)
             for point, record in pairs:
                 current = point.folder
                 run = sync_run(

@@ -88,11 +88,22 @@ class Known:
     database store: without them (and with a point's parent tag in its batch) the default's
     sync of 270 runs into a new store took 24.8 s against 29.2 s (median of 3, alternated,
     AMD EPYC; issue 47). Valid under the writer's lock; on a server, as valid as the search
-    it replaces, which another machine's sync may also race."""
+    it replaces, which another machine's sync may also race.
 
+    ``exclusive``: no other process writes runs into the store while this sync holds the lock
+    (a local SQLite file, whose every sync takes it). Then an experiment this sync created
+    holds only runs it made and knows, and nothing in it is searched for at all: in a new
+    store, as after a fresh clone's ``make run``, no run is (the same 270 runs: 21.6 s against
+    25.2 s, measured the same way; the store's contents equal, paths aside)."""
+
+    exclusive: bool = False
     experiments: dict[str, str] = field(default_factory=dict)
     runs: dict[tuple[str, str], str] = field(default_factory=dict)
     sweeps: dict[tuple[str, str], str] = field(default_factory=dict)
+    created: set[str] = field(default_factory=set)  # experiments this sync created
+
+    def made_all_runs_of(self, experiment_id: str) -> bool:
+        return self.exclusive and experiment_id in self.created
 
 
 def sync_run(
@@ -106,9 +117,15 @@ def sync_run(
     known = Known() if known is None else known
     experiment_id = known.experiments.get(record.experiment)
     if experiment_id is None:
-        experiment_id = ensure_experiment(client, record.experiment, artifact_root)
+        experiment_id, created = ensure_experiment(client, record.experiment, artifact_root)
         known.experiments[record.experiment] = experiment_id
-    run = find_run(client, experiment_id, record.config_hash)
+        if created:
+            known.created.add(experiment_id)
+    if known.made_all_runs_of(experiment_id):  # its runs are those this sync made
+        made = known.runs.get((experiment_id, record.config_hash))
+        run = None if made is None else client.get_run(made)
+    else:
+        run = find_run(client, experiment_id, record.config_hash)
     if run is None:
         run = client.create_run(
             experiment_id,
@@ -140,24 +157,26 @@ def sync_run(
     )
 
 
-def ensure_experiment(client, name: str, artifact_root: str | None) -> str:
+def ensure_experiment(client, name: str, artifact_root: str | None) -> tuple[str, bool]:
+    """The experiment's id, and whether this call created it."""
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
         if experiment.lifecycle_stage == "deleted":
             client.restore_experiment(experiment.experiment_id)
-        return experiment.experiment_id
+        return experiment.experiment_id, False
     # Beside a local database the artifacts go to <results>/mlartifacts, not to ./mlruns in
     # whatever folder the sync happens to run from.
     location = f"{artifact_root}/{name}" if artifact_root else None
     try:
-        return client.create_experiment(
+        created = client.create_experiment(
             name, artifact_location=location, tags={"setdlm.task": name}
         )
+        return created, True
     except MlflowException as error:
         # Another machine's sync to the same server created it first.
         if error.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-        return client.get_experiment_by_name(name).experiment_id
+        return client.get_experiment_by_name(name).experiment_id, False
 
 
 def find_run(client, experiment_id: str, config_hash: str):
@@ -210,7 +229,8 @@ def _complete(
     _log_artifacts(client, run, record.artifacts, artifacts_destination)
     if run.info.status != RunStatus.to_string(RunStatus.FINISHED):
         client.set_terminated(run_id, "FINISHED", end_time=record.end_ms)
-    supersede_others(client, experiment_id, record, run_id)
+    if not known.made_all_runs_of(experiment_id):  # else no run of another configuration
+        supersede_others(client, experiment_id, record, run_id)
     client.set_tag(run_id, SYNCED_TAG, record.fingerprint)  # last: the run is now complete
 
 
@@ -251,7 +271,7 @@ def run_parent(client, experiment_id: str, record: RunRecord, known: Known) -> s
     if record.parent_hash is None:
         return sweep_parent(client, experiment_id, record.sweep, known)
     synced = known.runs.get((experiment_id, record.parent_hash))
-    if synced is not None:
+    if synced is not None or known.made_all_runs_of(experiment_id):
         return synced
     point = find_run(client, experiment_id, record.parent_hash)
     return None if point is None else point.info.run_id
@@ -262,7 +282,8 @@ def sweep_parent(client, experiment_id: str, sweep: str, known: Known) -> str:
     points is; named after its model (and policy)."""
     parent_id = known.sweeps.get((experiment_id, sweep))
     if parent_id is None:
-        runs = runs_tagged(client, experiment_id, SWEEP_TAG, sweep)
+        made_all = known.made_all_runs_of(experiment_id)
+        runs = [] if made_all else runs_tagged(client, experiment_id, SWEEP_TAG, sweep)
         if runs:
             parent_id = runs[0].info.run_id
         else:
