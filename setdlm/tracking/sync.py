@@ -90,11 +90,13 @@ class Known:
     AMD EPYC; issue 47). Valid under the writer's lock; on a server, as valid as the search
     it replaces, which another machine's sync may also race.
 
-    ``exclusive``: no other process writes runs into the store while this sync holds the lock
-    (a local SQLite file, whose every sync takes it). Then an experiment this sync created
-    holds only runs it made and knows, and nothing in it is searched for at all: in a new
-    store, as after a fresh clone's ``make run``, no run is (the same 270 runs: 21.6 s against
-    25.2 s, measured the same way; the store's contents equal, paths aside)."""
+    ``exclusive``: no other sync writes into the store while this one holds the lock (a local
+    SQLite file, whose every sync takes it). Then an experiment this sync created holds only
+    runs it made and knows, and nothing in it is searched for at all: in a new store, as after
+    a fresh clone's ``make run``, no run is. (A run logged by hand through a UI server on the
+    same file during the sync is not looked for: with this project's tags it would be a second
+    run of its configuration, which the next sync names and leaves.) The same 270 runs: 21.6 s
+    against 25.2 s, measured the same way; the stores' contents equal, paths aside."""
 
     exclusive: bool = False
     experiments: dict[str, str] = field(default_factory=dict)
@@ -267,7 +269,9 @@ def elsewhere(location: str, destination: Path) -> bool:
 def run_parent(client, experiment_id: str, record: RunRecord, known: Known) -> str | None:
     """A point's parent is its sweep's run; one training seed's is its point's run (the
     aggregate over the seeds, synced before it: its folder sorts first, so this sync knows it).
-    None while that run does not exist yet (the next sync nests it)."""
+    None while that run does not exist yet. A seed synced then stays un-nested until its own
+    files change: its fingerprint does not cover its parent, so a replay leaves it unchanged
+    (a known gap, older than the memo)."""
     if record.parent_hash is None:
         return sweep_parent(client, experiment_id, record.sweep, known)
     synced = known.runs.get((experiment_id, record.parent_hash))
