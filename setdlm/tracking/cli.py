@@ -73,8 +73,8 @@ def sync_main(argv: list[str] | None = None) -> int:
             client = open_client(store)
             from setdlm.tracking.sync import Known, sync_run, sync_sweep, sync_views
 
-            # What this sync found or wrote, not searched for again; a local database's
-            # writers all take the lock held here, so no other run appears in it meanwhile.
+            # What this sync found or wrote, not searched for again; every sync of a local
+            # database takes the lock held here, so no other sync adds runs meanwhile.
             known = Known(exclusive=sqlite_path(store.uri) is not None)
             for point, record in pairs:
                 current = point.folder
@@ -89,7 +89,7 @@ def sync_main(argv: list[str] | None = None) -> int:
                 print(f"  {run.action:9s} {run.experiment}: {run.run_name}  (run {run.run_id})")
                 synced.append(run)
             current = results_dir
-            sweeps = [sync_sweep(client, sweep) for sweep in sweep_records(pairs)]
+            sweeps = [sync_sweep(client, sweep, known) for sweep in sweep_records(pairs)]
             facts = experiment_facts(pairs)
             ids = {experiment_id for experiment_id, _ in (sync_views(client, f) for f in facts)}
             experiments = [client.get_experiment(experiment_id) for experiment_id in sorted(ids)]

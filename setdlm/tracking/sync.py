@@ -284,31 +284,40 @@ def run_parent(client, experiment_id: str, record: RunRecord, known: Known) -> s
 def sweep_parent(client, experiment_id: str, sweep: str, known: Known) -> str:
     """The parent run of a (task, model, policy) sweep, created the first time one of its
     points is; named after its model (and policy)."""
+    existing = _existing_sweep_parent(client, experiment_id, sweep, known)
+    return existing or _new_sweep_parent(client, experiment_id, sweep, known)
+
+
+def _existing_sweep_parent(client, experiment_id: str, sweep: str, known: Known) -> str | None:
+    """The sweep's parent run if it exists: this sync's, else the store's (searched for
+    unless every run of the experiment is this sync's)."""
     parent_id = known.sweeps.get((experiment_id, sweep))
-    if parent_id is None:
-        made_all = known.made_all_runs_of(experiment_id)
-        runs = [] if made_all else runs_tagged(client, experiment_id, SWEEP_TAG, sweep)
+    if parent_id is None and not known.made_all_runs_of(experiment_id):
+        runs = runs_tagged(client, experiment_id, SWEEP_TAG, sweep)
         if runs:
-            parent_id = runs[0].info.run_id
-        else:
-            model = sweep.rsplit("/", 1)[-1]
-            parent_id = client.create_run(
-                experiment_id, run_name=model, tags={SWEEP_TAG: sweep}
-            ).info.run_id
-            client.set_terminated(parent_id, "FINISHED")
-        known.sweeps[experiment_id, sweep] = parent_id
+            parent_id = known.sweeps[experiment_id, sweep] = runs[0].info.run_id
     return parent_id
 
 
-def sync_sweep(client, record: SweepRecord) -> str:
+def _new_sweep_parent(client, experiment_id: str, sweep: str, known: Known) -> str:
+    model = sweep.rsplit("/", 1)[-1]  # named after its model (and policy)
+    parent = client.create_run(experiment_id, run_name=model, tags={SWEEP_TAG: sweep})
+    parent_id = parent.info.run_id
+    client.set_terminated(parent_id, "FINISHED")
+    known.sweeps[experiment_id, sweep] = parent_id
+    return parent_id
+
+
+def sync_sweep(client, record: SweepRecord, known: Known | None = None) -> str:
     """Bring a sweep's parent run up to date with its summary: "created", "updated" or
     "unchanged". Its params are write-once like a point's: one that changed is reported."""
-    experiment_id = client.get_experiment_by_name(record.experiment).experiment_id
-    runs = runs_tagged(client, experiment_id, SWEEP_TAG, record.sweep)
-    action = "updated" if runs else "created"
-    run = client.get_run(
-        runs[0].info.run_id if runs else sweep_parent(client, experiment_id, record.sweep, Known())
-    )
+    known = Known() if known is None else known
+    experiment_id = known.experiments.get(record.experiment)
+    if experiment_id is None:
+        experiment_id = client.get_experiment_by_name(record.experiment).experiment_id
+    existing = _existing_sweep_parent(client, experiment_id, record.sweep, known)
+    action = "updated" if existing else "created"
+    run = client.get_run(existing or _new_sweep_parent(client, experiment_id, record.sweep, known))
     run_id, logged = run.info.run_id, run.data
     finished = RunStatus.to_string(RunStatus.FINISHED)
     if run.info.status != finished:  # a sync killed between its creation and its end
