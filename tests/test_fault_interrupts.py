@@ -5,13 +5,12 @@ how it is compared). A module of its own so that pytest-xdist runs it beside the
 finished run; both compare with the same undisturbed run, made once per session.
 
 The interruptions come in pairs: the first stops a run, the same command resumes it and the
-second interrupts that resuming run mid-way (a new sample written, a new checkpoint); then one
+second interrupts that resuming run mid-way (a new sample written, a later checkpoint); then one
 recovery, compared as a single interruption's would be. A recovery with its comparison costs
 about 35 s (AMD EPYC), so a pair costs about 20 s less than its two interruptions apart (issue
-47), and each interruption still hits a run with the same work left: a resumed one. The second
-of a pair is the one that may leave Snakemake's lock (a SIGKILL to the whole run), after which
-only the advised `--unlock` lets the next run start. SETDLM_FAULTS_ONE_BY_ONE=1 recovers each
-interruption alone."""
+47). The second of a pair is the one that may leave Snakemake's lock (a SIGKILL to the whole
+run), after which only the advised `--unlock` lets the next run start.
+SETDLM_FAULTS_ONE_BY_ONE=1 recovers each interruption alone."""
 
 from __future__ import annotations
 
@@ -22,6 +21,8 @@ from pathlib import Path
 
 import pytest
 from fault_runs import (
+    AR_POINT,
+    DUAL_CACHE,
     INFILL,
     MODEL,
     MODEL_WORK,
@@ -78,14 +79,12 @@ def _interrupt(process, how: str, job: str) -> None:
     process.wait(timeout=300)
 
 
-def _interrupted(workdir: Path, data_dir: Path, chain, progress, job: str) -> None:
-    """Each interruption of ``chain`` in turn, each on a fresh run of the main job once it has
-    made ``progress`` beyond what the previous runs left."""
-    for how in chain:
-        with started_main_job(workdir, data_dir) as process:
-            wait_until(progress.made, process, f"progress before {how}")
-            _interrupt(process, how, job)
-        progress.mark()
+def _interrupted_run(workdir: Path, data_dir: Path, how: str, progress, job: str) -> None:
+    """A fresh run of the main job, interrupted by ``how`` once it has made ``progress`` beyond
+    what the previous runs left."""
+    with started_main_job(workdir, data_dir) as process:
+        wait_until(progress.made, process, f"progress before {how}")
+        _interrupt(process, how, job)
 
 
 # ------------------------------------------------------------- faults on a run in progress
@@ -109,13 +108,22 @@ class _NewSamples:
         self.before = self.count()
 
 
+# The points an evaluation's chain loses before each of its runs, of two models each. Each run
+# gets work of its own: a point of the quick overlay takes 1-3 s, and a graceful stop (SIGTERM
+# to snakemake lets the running jobs end; a Ctrl-C at times lands as they end) can leave the
+# next run too few of the first points' samples to be interrupted in.
+EVALUATION_LOSSES = ((SOLVE, INFILL), (DUAL_CACHE, AR_POINT))
+
+
 @pytest.mark.parametrize("chain", EVALUATION_INTERRUPTS, ids=_ids(EVALUATION_INTERRUPTS))
 def test_an_evaluation_interrupted_mid_way_resumes(undisturbed, faulted, data_dir, chain):
-    # work left: two points to evaluate again, of two models, so that an interruption that lets
-    # the running evaluation end (SIGTERM to snakemake) still leaves the next run some
-    for point in (SOLVE, INFILL):
-        shutil.rmtree(faulted / RUN / point)
-    _interrupted(faulted, data_dir, chain, _NewSamples(faulted / RUN, (SOLVE, INFILL)), "eval")
+    run = faulted / RUN
+    progress = _NewSamples(run, tuple(point for lost in EVALUATION_LOSSES for point in lost))
+    for how, lost in zip(chain, EVALUATION_LOSSES[: len(chain)], strict=True):
+        for point in lost:
+            shutil.rmtree(run / point)
+        progress.mark()
+        _interrupted_run(faulted, data_dir, how, progress, "eval")
     outcome = check_recovery(
         f"evaluation: {' then '.join(chain)}", undisturbed, faulted, data_dir, unlock=True
     )
@@ -147,7 +155,10 @@ def test_a_training_interrupted_mid_way_resumes(undisturbed, faulted, data_dir, 
     run = faulted / RUN
     shutil.rmtree(run / "models" / MODEL)  # the model and its training state lost: trained anew
     shutil.rmtree(run / "models" / ".training" / MODEL_WORK)
-    _interrupted(faulted, data_dir, chain, _NewCheckpoint(faulted), "train")
+    progress = _NewCheckpoint(faulted)
+    for how in chain:  # the second resumes from the first's checkpoints
+        _interrupted_run(faulted, data_dir, how, progress, "train")
+        progress.mark()
     outcome = check_recovery(
         f"training: {' then '.join(chain)}", undisturbed, faulted, data_dir, unlock=True
     )
