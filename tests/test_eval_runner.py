@@ -14,6 +14,7 @@ from setdlm.data.tokenizers import load_tokenizer
 from setdlm.eval.records import SampleLog, example_seed
 from setdlm.eval.runner import Example, RunSettings, Task, run_evaluation
 from setdlm.report.compare import RUN_FIELDS
+from setdlm.util.files import sha256_file
 
 # how a run went (the comparison's own list), whether a sample was a warm-up one and whether
 # it was timed for speed
@@ -98,6 +99,8 @@ def test_a_run_writes_samples_and_metrics(random_tiny, tmp_path):
     assert metrics["quality"]["mean_length"]["definition"]
     assert metrics["hardware"]["cpu_count"] and metrics["software"]["torch"]
     assert len(metrics["config_hash"]) == 16
+    # the log it was computed from (a workflow's start skips parsing it while it is unchanged)
+    assert metrics["samples_sha256"] == sha256_file(tmp_path / "run" / "samples.jsonl")
     # a finished run is not recomputed
     again = run_evaluation(Continuation(), model, tokenizer, SAMPLED, tmp_path / "run")
     assert again == metrics
@@ -115,6 +118,7 @@ def test_a_killed_run_resumes_to_the_same_results(random_tiny, tmp_path):
         handle.write('{"id": "chunk-2", "prompt": "torn')  # died in the middle of a line
     resumed = run_evaluation(Continuation(), model, tokenizer, config, tmp_path / "killed")
     assert resumed["quality"] == straight["quality"]
+    assert resumed["samples_sha256"] == sha256_file(log)  # the log as repaired, torn line gone
     assert _outputs(tmp_path / "killed") == _outputs(tmp_path / "straight")
     # warm-up belongs to the examples, not to the process: the resumed run times the same ones
     counted = ("timed_examples", "warmup_examples", "generated_tokens", "nfe_mean", "nfe_total")

@@ -136,6 +136,46 @@ def test_a_result_whose_samples_no_longer_back_it_is_set_aside(tmp_path):
     assert (tmp_path / "torn" / "samples.jsonl").read_text().endswith(lines[3][:5])  # untouched
 
 
+def test_samples_unchanged_since_their_metrics_are_not_parsed_again_and_changed_ones_are(
+    tmp_path, monkeypatch
+):
+    """metrics.json records the sha256 of the log it was computed from: a log still equal to
+    it is not scanned at a workflow's start; any other is scanned as before, recorded hash or
+    not."""
+    from setdlm.eval.records import SampleLog
+    from setdlm.util.files import sha256_file
+
+    lines = [json.dumps({"id": str(i), "output": i}) + "\n" for i in range(4)]
+    recorded = tmp_path / "recorded.jsonl"
+    recorded.write_text("".join(lines))
+    digest = sha256_file(recorded)
+    cases = {"unchanged": "".join(lines), "twice": "".join(lines + lines[:1])}
+    for name, samples in cases.items():
+        (tmp_path / name).mkdir()
+        metrics = {"quality": {}, "examples": 4, "samples_sha256": digest}
+        (tmp_path / name / "metrics.json").write_text(json.dumps(metrics))
+        (tmp_path / name / "samples.jsonl").write_text(samples)
+    scanned = []
+    original_scan = SampleLog.scan
+    monkeypatch.setattr(
+        SampleLog, "scan", lambda log: scanned.append(log.path) or original_scan(log)
+    )
+    plan = SimpleNamespace(
+        all_metrics=lambda: [str(tmp_path / name / "metrics.json") for name in cases],
+        model_markers=lambda: [],
+        seed_metrics=lambda: [],
+    )
+    messages = set_aside_unreadable(plan)
+    assert scanned == [tmp_path / "twice" / "samples.jsonl"]
+    assert (tmp_path / "unchanged" / "metrics.json").exists()
+    path = tmp_path / "twice" / "metrics.json"
+    assert messages == [
+        f"{path}: incomplete result (samples.jsonl has torn or repeated lines); moved to "
+        f"{next(path.parent.glob('metrics.json.unreadable-*')).name}, and the job that writes it "
+        "runs again"
+    ]
+
+
 def test_a_model_whose_files_changed_after_its_marker_is_set_aside(tmp_path):
     from setdlm.util.files import sha256_file
 

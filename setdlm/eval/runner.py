@@ -30,7 +30,7 @@ from setdlm.eval.timing import (
     synchronized_timer,
 )
 from setdlm.util.errors import DataError, UserError
-from setdlm.util.files import atomic_write_json, atomic_write_text
+from setdlm.util.files import atomic_write_json, atomic_write_text, sha256_file
 from setdlm.util.progress import progress_bar
 from setdlm.util.validation import raise_for, warmup_errors
 
@@ -357,6 +357,9 @@ def finish_run(
     metrics = {
         "task": task.name,
         "examples": len(ordered),
+        # the log these metrics were computed from, as ``load`` left it: while it is unchanged
+        # a workflow's start need not parse it again (setdlm/results/reader.incomplete_samples)
+        "samples_sha256": sha256_file(log.path),
         "quality": task.aggregate(ordered),
         "speed": summarize_speed(ordered) | {"peak_memory": peak_memory_bytes(device)},
         "config": identity,
