@@ -730,16 +730,5 @@ def test_every_shell_rule_quotes_a_results_folder_with_a_space(tmp_path, data_di
         assert "my" not in words, command
         assert any(SPACED_RESULTS in word for word in words), command
     assert not (workdir / SPACED_RESULTS).exists()  # a dry run writes nothing
-
-
-# trains three 4-step models and runs every rule (about a minute): the end-to-end tier
-@pytest.mark.slow
-@pytest.mark.e2e
-def test_a_results_folder_with_a_space_runs_to_the_end(tmp_path, data_dir):
-    workdir = _spaced_workflow(tmp_path)
-    result = _snakemake(workdir, data_dir)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    results = workdir / SPACED_RESULTS
-    assert (results / "runs" / "sweep" / "mlflow.synced").is_file()
-    assert any((results / "tables" / "sweep").glob("*.md"))
-    assert any((results / "figures" / "sweep").glob("*.png"))
+    # A real run into a folder with a space, to the end: the end-to-end tier's workflow run
+    # (tests/test_workflow.py, its RESULTS), which costs no run of its own there.

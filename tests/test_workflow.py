@@ -746,11 +746,18 @@ def read_samples(folder: Path) -> list[dict]:
     return [json.loads(line) for line in lines]
 
 
+# The module's run writes its results into a folder with a space, in a working directory with
+# one: every rule it runs (data, training, evaluation, tables, figures, MLflow) must quote them
+# (test_bad_inputs_sweep checks the quoting of every rule's command in a dry run).
+RESULTS = "my results"
+
+
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory, data_dir) -> Path:
     """The reduced configuration's all_tables, run once for the module."""
-    workdir = tmp_path_factory.mktemp("workflow")
-    (workdir / "config.yaml").write_text(yaml.safe_dump(MINI))
+    workdir = tmp_path_factory.mktemp("workflow") / "a work dir"
+    workdir.mkdir()
+    (workdir / "config.yaml").write_text(yaml.safe_dump(MINI | {"results": RESULTS}))
     result = snakemake(workdir, data_dir, "all_tables", "all")
     (workdir / "first-run.log").write_text(result.stdout + result.stderr)
     return workdir
@@ -765,7 +772,7 @@ def run_copy(finished_run, tmp_path) -> Path:
 @pytest.mark.e2e  # the module's workflow run (31 s of make test's setup, AMD EPYC), which the
 # two e2e tests below need anyway: in that tier it costs its assertions only (issue 47)
 def test_the_tiny_workflow_writes_every_result(finished_run):
-    run = finished_run / "results" / "runs" / "mini"
+    run = finished_run / RESULTS / "runs" / "mini"
     first = job_counts((finished_run / "first-run.log").read_text())
     evaluations = {name: n for name, n in first.items() if name.startswith("evaluate_")}
     # a job per model of each task (the default `jobs: task`): GSM8K's AR and SetDLM (its two
@@ -773,8 +780,8 @@ def test_the_tiny_workflow_writes_every_result(finished_run):
     assert first["prepare_data"] == 2 and first["train_model"] == 2 and len(evaluations) == 4
     # The run ends by saying where its outputs are and how to open MLflow.
     log = (finished_run / "first-run.log").read_text()
-    assert "Run mini done:" in log and "tables   results/tables/mini/" in log
-    assert "setdlm ui --results results" in log
+    assert "Run mini done:" in log and f"tables   {RESULTS}/tables/mini/" in log
+    assert f"setdlm ui --results '{RESULTS}'" in log  # quoted, to paste into a shell
     for key in MINI_POINTS:
         folder = run / key
         metrics = json.loads((folder / "metrics.json").read_text())
@@ -785,26 +792,26 @@ def test_the_tiny_workflow_writes_every_result(finished_run):
     assert {e["path"] for e in manifest["files"]} == {"gsm8k/test.jsonl", "wikitext2/wiki.test.raw"}
     assert datasets.verify(run / "data") == []
     gsm8k = json.loads((run / "gsm8k/ar/tau-1e+06/run.json").read_text())
-    assert gsm8k["config"]["model_source"] == "results/runs/mini/models/ar"
+    assert gsm8k["config"]["model_source"] == f"{RESULTS}/runs/mini/models/ar"
     for model in ("ar", "setdlm-smax8"):
         marker = json.loads((run / "models" / model / "checkpoint.json").read_text())
         assert marker["source"] == "trained" and marker["steps"] == 8
-    tables = finished_run / "results" / "tables" / "mini"
+    tables = finished_run / RESULTS / "tables" / "mini"
     assert sorted(p.name for p in tables.iterdir() if p.name != MANIFEST) == sorted(
         f"{stem}.{fmt}" for stem in ("gsm8k_pareto", "likelihood") for fmt in ("csv", "md", "tex")
     )
-    figures = finished_run / "results" / "figures" / "mini"
+    figures = finished_run / RESULTS / "figures" / "mini"
     assert sorted(p.name for p in figures.iterdir() if p.name != MANIFEST) == [
         "gsm8k_pareto.pdf",
         "gsm8k_pareto.png",
     ]
-    assert (run / "mlflow.synced").exists() and (finished_run / "results" / "mlflow.db").exists()
+    assert (run / "mlflow.synced").exists() and (finished_run / RESULTS / "mlflow.db").exists()
 
 
 @pytest.mark.slow
 @pytest.mark.e2e  # a dry run and a rerun of the workflow (about 20 s)
 def test_a_changed_task_setting_reruns_only_the_jobs_it_affects(run_copy, data_dir):
-    run = run_copy / "results" / "runs" / "mini"
+    run = run_copy / RESULTS / "runs" / "mini"
     config = yaml.safe_load((run_copy / "config.yaml").read_text())
     config["tasks"]["likelihood-wikitext2"]["limit"] = 6
     config["tasks"]["gsm8k"]["thresholds"].append(0.9)  # one more point, the others untouched
@@ -865,7 +872,7 @@ def test_a_dry_run_or_a_read_only_command_changes_no_file(run_copy, data_dir):
     run whose configuration gained a τ and a model, with a result lost, one unreadable and the
     MLflow store gone, moves, rewrites and deletes nothing; it says what a run would repair.
     The real run afterwards does repair it."""
-    run = run_copy / "results" / "runs" / "mini"
+    run = run_copy / RESULTS / "runs" / "mini"
     config = yaml.safe_load((run_copy / "config.yaml").read_text())
     config["tasks"]["gsm8k"]["thresholds"].append(0.9)  # a τ added
     config["models"]["bd3lm-s4"] = {"family": "bd3lm", "block_size": 4, "train": {}}
@@ -873,9 +880,9 @@ def test_a_dry_run_or_a_read_only_command_changes_no_file(run_copy, data_dir):
     (run_copy / "config.yaml").write_text(yaml.safe_dump(config))
     shutil.rmtree(run / MINI_POINTS[0])  # a point deleted
     (run / MINI_POINTS[2] / "metrics.json").write_text("{ torn")  # a point unreadable
-    (run_copy / "results" / "mlflow.db").write_bytes(b"not a database")
+    (run_copy / RESULTS / "mlflow.db").write_bytes(b"not a database")
     before = _snapshot(run_copy)
-    assert (run_copy / "results" / "tables" / "mini" / "gsm8k_pareto.csv").as_posix() in {
+    assert (run_copy / RESULTS / "tables" / "mini" / "gsm8k_pareto.csv").as_posix() in {
         (run_copy / name).as_posix() for name in before
     }
     read_only = [["-n"], ["--dry-run", "-p"], ["--summary"], ["--dag"], ["--touch", "-n"]]
