@@ -40,6 +40,7 @@ DUAL_CACHE_SEED = f"{DUAL_CACHE}/seed-0"
 AR_POINT = "arithmetic-infill/ar-arith/tau-1e+06"
 AR_SEED = f"{AR_POINT}/seed-1"
 MODEL = "ar-arith/seed-1"  # trains in seconds under the overlay, evaluated by two points
+MODEL_SEED_0 = "ar-arith/seed-0"  # the same model's other seed, trained as well
 MODEL_WORK = "ar-arith-seed-1"  # its training state: models/.training/<this>
 
 
@@ -214,22 +215,27 @@ def leftovers(workdir: Path) -> list[str]:
 
 
 def check_recovery(
-    fault: str, undisturbed: Path, workdir: Path, data_dir: Path, unlock: bool = False
+    fault: str,
+    undisturbed: Path,
+    workdir: Path,
+    data_dir: Path,
+    unlock: bool = False,
+    env: dict | None = None,
 ) -> Outcome:
     """Run the same command (and where a hard kill left its lock, with ``unlock``, follow the
-    advice: ``--unlock``, then the command again); then compare everything with the
-    undisturbed run."""
+    advice: ``--unlock``, then the command again), in ``env`` if given; then compare everything
+    with the undisturbed run."""
     outcome = Outcome(fault)
     before = {name: complete_lines(path) for name, path in sample_files(workdir).items()}
-    first = run_main_job(workdir, data_dir)
+    first = run_main_job(workdir, data_dir, env=env)
     outcome.said = said = first.stdout + first.stderr
     outcome.detected = first.returncode != 0 or "Nothing to be done" not in said
     second = first
     if first.returncode != 0 and "Directory cannot be locked" in said and unlock:
         outcome.unlocked = True
-        unlocked = run_main_job(workdir, data_dir, "--unlock")
+        unlocked = run_main_job(workdir, data_dir, "--unlock", env=env)
         assert unlocked.returncode == 0, (unlocked.stdout + unlocked.stderr)[-2000:]
-        second = run_main_job(workdir, data_dir)
+        second = run_main_job(workdir, data_dir, env=env)
     outcome.recovered = second.returncode == 0
     if not outcome.recovered:
         outcome.differences.append((second.stdout + second.stderr)[-3000:])
