@@ -2,7 +2,7 @@
 
 The result folders come from the real evaluations on the tiny trained models: CNN/DM at two
 thresholds for SetDLM and BD3LM, held-out likelihood for SetDLM. Each test syncs a copy of them
-into a store of its own (SQLite, or a real ``mlflow server`` on localhost).
+into a store of its own (SQLite, or the real MLflow server `setdlm ui` starts on localhost).
 """
 
 from __future__ import annotations
@@ -383,82 +383,6 @@ def test_a_down_server_fails_in_seconds_saying_the_results_are_safe(results, mon
     assert not marker.exists()
 
 
-@pytest.mark.slow  # starts a server (about 10 s) and the full command line
-def test_a_real_mlflow_server_receives_the_replayed_sync(results, empty_store, tmp_path, capsys):
-    url = f"http://127.0.0.1:{_free_port()}"
-    folder = results / "runs" / "tiny"
-    assert sync_main([str(folder), "--tracking-uri", url]) == 1  # not started yet
-    replay = capsys.readouterr().err.splitlines()[-1].strip()
-    shutil.copy(empty_store, tmp_path / "server.db")  # spares the server a schema migration
-    with _mlflow_server(url, tmp_path):
-        # The exact command the failure printed, through the real command line.
-        command = shlex.split(replay)
-        assert command[:2] == ["setdlm", "sync"]
-        done = subprocess.run(
-            [sys.executable, "-m", "setdlm.cli", *command[1:]],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stderr
-        assert sync_main([str(folder), "--tracking-uri", url]) == 0
-        assert f"{len(POINTS)} unchanged" in capsys.readouterr().out
-        client = MlflowClient(url)
-        _assert_one_finished_run_per_point(client, results)
-        run = _runs(client)["cnndm"][0]
-        assert {"samples.jsonl", "metrics.json"} <= {
-            a.path for a in client.list_artifacts(run.info.run_id)
-        }
-    assert _runs(_client(results)) == {}  # the local store was not used
-
-
-class _mlflow_server:
-    """``mlflow server`` on localhost (one worker, no job execution), stopped on exit; the test
-    is skipped, saying why, if it cannot start here."""
-
-    def __init__(self, url: str, folder: Path):
-        self.url, self.folder = url, folder
-
-    def __enter__(self):
-        port = self.url.rsplit(":", 1)[1]
-        self.log = self.folder / "server.log"
-        command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1"]
-        command += ["--port", port, "--workers", "1"]
-        command += ["--backend-store-uri", f"sqlite:///{self.folder / 'server.db'}"]
-        command += ["--artifacts-destination", str(self.folder / "server-artifacts")]
-        with open(self.log, "w") as log:
-            self.process = subprocess.Popen(
-                command,
-                cwd=self.folder,
-                env=os.environ | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its workers share its process group, stopped together
-            )
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                break
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.5)
-        self.__exit__()
-        tail = self.log.read_text()[-2000:]
-        pytest.skip(f"mlflow server could not start on this machine; its log ends:\n{tail}")
-
-    def __exit__(self, *exc_info):
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-
-
 @pytest.mark.slow  # two processes importing MLflow, one migrating a fresh schema
 def test_concurrent_syncs_of_one_folder_make_one_run_per_point(finished_results, tmp_path):
     """Two ``setdlm sync`` processes on a store that does not exist yet: the lock makes one
@@ -580,10 +504,10 @@ def _listening(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
-def test_stopping_setdlm_ui_stops_the_mlflow_server_and_its_workers(results, tmp_path, stop):
-    port = _free_port()
+@contextlib.contextmanager
+def _setdlm_ui(results: Path, port: int):
+    """`setdlm ui` on ``results`` (its own process group), once its MLflow server answers;
+    whatever of it outlives the test is killed, so that the suite leaves nothing running."""
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     ui = subprocess.Popen(
         [str(Path(sys.executable).with_name("setdlm")), "ui", "--results", str(results)]
@@ -599,17 +523,69 @@ def test_stopping_setdlm_ui_stops_the_mlflow_server_and_its_workers(results, tmp
             assert ui.poll() is None, "setdlm ui ended before its server answered"
             assert time.monotonic() < deadline, "the MLflow UI never answered"
             time.sleep(0.5)
-        ui.send_signal(stop)  # `kill`, a closed terminal; or `kill -9`, which it cannot catch
-        assert ui.wait(timeout=60) == (0 if stop == signal.SIGTERM else -signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while _listening(port) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not _listening(port), f"something still listens on {port} after setdlm ui ended"
+        yield ui
     finally:
         if ui.poll() is None:
             os.killpg(ui.pid, signal.SIGKILL)
             ui.wait()
-        _kill_servers_on(port)  # whatever outlived it, so that the suite leaves nothing running
+        _kill_servers_on(port)
+
+
+def _stops_serving(ui: subprocess.Popen, stop: int, port: int) -> None:
+    """``stop`` sent to setdlm ui alone (`kill`, a closed terminal; or `kill -9`, which it
+    cannot catch) ends it, and with it its server and the server's workers."""
+    ui.send_signal(stop)
+    assert ui.wait(timeout=60) == (0 if stop == signal.SIGTERM else -signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while _listening(port) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _listening(port), f"something still listens on {port} after setdlm ui ended"
+
+
+# Each starts `setdlm ui`, whose MLflow server takes about 8 s to answer (AMD EPYC): one server
+# serves the replayed sync, then stops on SIGTERM; the other is killed outright.
+@pytest.mark.slow
+def test_a_real_mlflow_server_receives_the_replayed_sync_and_stops_on_sigterm(
+    results, empty_store, tmp_path, capsys
+):
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    folder = results / "runs" / "tiny"
+    assert sync_main([str(folder), "--tracking-uri", url]) == 1  # not started yet
+    replay = capsys.readouterr().err.splitlines()[-1].strip()
+    # The server: `setdlm ui` on another results folder, its store and artifacts its own.
+    served = tmp_path / "served"
+    served.mkdir()
+    shutil.copy(empty_store, served / "mlflow.db")  # spares the server a schema migration
+    with _setdlm_ui(served, port) as ui:
+        # The exact command the failure printed, through the real command line.
+        command = shlex.split(replay)
+        assert command[:2] == ["setdlm", "sync"]
+        done = subprocess.run(
+            [sys.executable, "-m", "setdlm.cli", *command[1:]],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        assert sync_main([str(folder), "--tracking-uri", url]) == 0
+        assert f"{len(POINTS)} unchanged" in capsys.readouterr().out
+        client = MlflowClient(url)
+        _assert_one_finished_run_per_point(client, results)
+        run = _runs(client)["cnndm"][0]
+        assert {"samples.jsonl", "metrics.json"} <= {
+            a.path for a in client.list_artifacts(run.info.run_id)
+        }
+        assert any((served / "mlartifacts").rglob("samples.jsonl"))  # stored by the server
+        _stops_serving(ui, signal.SIGTERM, port)
+    assert _runs(_client(results)) == {}  # the local store was not used
+
+
+@pytest.mark.slow
+def test_killing_setdlm_ui_outright_stops_the_mlflow_server_and_its_workers(results):
+    port = _free_port()
+    with _setdlm_ui(results, port) as ui:
+        _stops_serving(ui, signal.SIGKILL, port)
 
 
 def _kill_servers_on(port: int) -> None:
