@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from workflow_env import environ
+from workflow_env import copy_of_run, environ
 
 from setdlm.report.compare import RUN_FIELDS, compare_runs
 
@@ -80,9 +81,12 @@ def test_a_sharded_point_equals_the_point_of_one_job_and_a_missing_shard_runs_al
     _run(whole, data_dir, CONFIG)
     sharded_config = json.loads(json.dumps(CONFIG))
     sharded_config["tasks"]["arithmetic-solve"]["shards"] = SHARDS
-    sharded = tmp_path / "sharded"
     run = "results/runs/shards"
     point = "arithmetic-solve/setdlm-smax8/tau-0.5"
+    # The same trained models (a copy of the run, Snakemake's records with it), the points gone:
+    # the sharded run decodes them again and trains nothing.
+    sharded = copy_of_run(whole, tmp_path)
+    shutil.rmtree(sharded / run / "arithmetic-solve")
     # Every shard but one (as when a shard job was killed, or its node lost): then the run
     # decodes that shard alone, and merges each point.
     points = (point, "arithmetic-solve/setdlm-smax8/tau-1e+06", "arithmetic-solve/ar/tau-1e+06")
@@ -94,6 +98,7 @@ def test_a_sharded_point_equals_the_point_of_one_job_and_a_missing_shard_runs_al
     missing = f"{run}/{point}/shards/1-of-{SHARDS}/shard.json"
     first = _run(sharded, data_dir, sharded_config, *[m for m in shard_markers if m != missing])
     assert re.search(rf"^evaluate_shard\s+{3 * SHARDS - 1}$", first, re.MULTILINE), first[-3000:]
+    assert not re.search(r"^train_model\s", first, re.MULTILINE), first[-3000:]
     output = _run(sharded, data_dir, sharded_config)
     assert re.search(r"^evaluate_shard\s+1$", output, re.MULTILINE), output[-3000:]
     assert "wildcards: where=arithmetic-solve/setdlm-smax8/tau-0.5, shard=1-of-3" in output
