@@ -4,13 +4,14 @@ training runs, then run again: the run must equal the undisturbed one (tests/fau
 how it is compared). A module of its own so that pytest-xdist runs it beside the faults on a
 finished run; both compare with the same undisturbed run, made once per session.
 
-The interruptions come in pairs: the first stops a run, the same command resumes it and the
-second interrupts that resuming run mid-way (a new sample written, a later checkpoint); then one
-recovery, compared as a single interruption's would be: 4 recoveries instead of 8 (the module
-on two workers: 180 s against 237 s with the 8 apart, AMD EPYC, issue 47). The second of a pair
-is the one that may leave Snakemake's lock (a SIGKILL to the whole run), after which only the
-advised `--unlock` lets the next run start.
-SETDLM_FAULTS_ONE_BY_ONE=1 recovers each interruption alone."""
+The interruptions come in two chains of four, one for the evaluations and one for a training:
+the first stops a run, the same command resumes it and the next interrupts that resuming run
+mid-way (new samples written, a later checkpoint), and so on; then one recovery, compared as a
+single interruption's would be. The last of a chain is the one that leaves Snakemake's lock (a
+SIGKILL to the whole run), after which only the advised `--unlock` lets the next run start.
+2 recoveries instead of 8 (issue 47; the module's times are in docs/checks-and-ci.md).
+SETDLM_FAULTS_ONE_BY_ONE=1 recovers each interruption alone.
+"""
 
 from __future__ import annotations
 
@@ -42,16 +43,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # make test-e2e, not make test
 WHOLE_RUN_KILL = "SIGKILL to the whole run"
 CTRL_C = "Ctrl-C (SIGINT to the process group)"
 EVALUATION_INTERRUPTS = [
-    ("SIGKILL to the evaluation's process", WHOLE_RUN_KILL),
-    (CTRL_C, "SIGTERM to snakemake"),
+    ("SIGKILL to the evaluation's process", CTRL_C, "SIGTERM to snakemake", WHOLE_RUN_KILL),
 ]
 TRAINING_INTERRUPTS = [
-    ("SIGTERM to the training's process (preemption)", WHOLE_RUN_KILL),
-    ("SIGKILL to the training's process", CTRL_C),
+    (
+        "SIGTERM to the training's process (preemption)",
+        "SIGKILL to the training's process",
+        CTRL_C,
+        WHOLE_RUN_KILL,
+    ),
 ]
 if os.environ.get("SETDLM_FAULTS_ONE_BY_ONE") == "1":
-    EVALUATION_INTERRUPTS = [(how,) for pair in EVALUATION_INTERRUPTS for how in pair]
-    TRAINING_INTERRUPTS = [(how,) for pair in TRAINING_INTERRUPTS for how in pair]
+    EVALUATION_INTERRUPTS = [(how,) for chain in EVALUATION_INTERRUPTS for how in chain]
+    TRAINING_INTERRUPTS = [(how,) for chain in TRAINING_INTERRUPTS for how in chain]
 
 
 # the processes a one-process interruption aims at: an evaluation job runs `points job` (an
@@ -112,7 +116,12 @@ class _NewSamples:
 # gets work of its own: a point of the quick overlay takes 1-3 s, and a graceful stop (SIGTERM
 # to snakemake lets the running jobs end; a Ctrl-C at times lands as they end) can leave the
 # next run too few of the first points' samples to be interrupted in.
-EVALUATION_LOSSES = ((SOLVE, INFILL), (DUAL_CACHE, AR_POINT))
+EVALUATION_LOSSES = (
+    (SOLVE, INFILL),
+    (DUAL_CACHE, AR_POINT),
+    ("arithmetic-solve/mdlm-arith/tau-0.5", "arithmetic-infill/setdlm-smax8-arith/tau-0.5"),
+    ("arithmetic-infill/mdlm-arith/tau-0.5", "arithmetic-solve/ar-arith/tau-1e+06"),
+)
 
 
 @pytest.mark.parametrize("chain", EVALUATION_INTERRUPTS, ids=_ids(EVALUATION_INTERRUPTS))
@@ -156,7 +165,7 @@ def test_a_training_interrupted_mid_way_resumes(undisturbed, faulted, data_dir, 
     shutil.rmtree(run / "models" / MODEL)  # the model and its training state lost: trained anew
     shutil.rmtree(run / "models" / ".training" / MODEL_WORK)
     progress = _NewCheckpoint(faulted)
-    for how in chain:  # the second resumes from the first's checkpoints
+    for how in chain:  # each resumes from the checkpoints the one before left
         _interrupted_run(faulted, data_dir, how, progress, "train")
         progress.mark()
     outcome = check_recovery(
