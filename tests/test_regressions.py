@@ -211,6 +211,9 @@ def _portable_kernels_check(
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
 
 
+# Two check-decoding processes on the portable kernels (about 10 s, AMD EPYC): the end-to-end
+# tier, which CI runs beside every other check of the committed baselines (issue 47).
+@pytest.mark.e2e
 def test_the_check_passes_across_cpu_capabilities_both_ways(tmp_path):
     """The committed baseline (written on this project's AVX2/AVX-512 kernels) checked with the
     portable kernels, and a baseline written with the portable kernels checked with the native
