@@ -23,7 +23,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from mlflow_helpers import free_port
 
 from setdlm.families import family as family_info
 from setdlm.results.reader import RESULTS_DIR_ENV, read_point
@@ -209,12 +209,6 @@ def store(browser_ready, tmp_path_factory) -> dict:
 # The UI and the browser, each stopped whatever happens.
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _get(url: str, timeout: float = 10) -> bytes:
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return response.read()
@@ -225,7 +219,7 @@ def ui(store) -> dict:
     """`setdlm ui` on the copy: its base URL and the links it printed."""
     import psutil
 
-    port = _free_port()
+    port = free_port()
     log_path = store["work"] / "setdlm-ui.log"
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     command = [str(Path(sys.executable).with_name("setdlm")), "ui"]

@@ -2,7 +2,7 @@
 
 The result folders come from the real evaluations on the tiny trained models: CNN/DM at two
 thresholds for SetDLM and BD3LM, held-out likelihood for SetDLM. Each test syncs a copy of them
-into a store of its own (SQLite, or the real MLflow server `setdlm ui` starts on localhost).
+into a SQLite store of its own (a real MLflow server: tests/test_mlflow_server.py).
 """
 
 from __future__ import annotations
@@ -13,18 +13,16 @@ import datetime
 import json
 import math
 import os
-import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from mlflow_helpers import free_port, result_runs, write_small_results
 
 from setdlm.cli import main as setdlm_main
 from setdlm.eval.records import config_hash
@@ -121,21 +119,8 @@ def _artifacts(results: Path, run) -> Path:
     return results / "mlartifacts" / uri.removeprefix("mlflow-artifacts:/")
 
 
-def _runs(client: MlflowClient) -> dict[str, list]:
-    """experiment name -> its result runs (Default and the sweeps' parent runs left out)."""
-    experiments = [e for e in client.search_experiments() if e.name != "Default"]
-    return {
-        e.name: [
-            run
-            for run in client.search_runs([e.experiment_id], max_results=1000)
-            if IDENTITY_TAG in run.data.tags
-        ]
-        for e in experiments
-    }
-
-
 def _assert_one_finished_run_per_point(client: MlflowClient, results: Path) -> None:
-    runs = _runs(client)
+    runs = result_runs(client)
     assert sorted(runs) == ["cnndm", "likelihood-wikitext2"]
     assert sum(len(r) for r in runs.values()) == len(POINTS)
     for folder, experiment in POINTS.items():
@@ -159,7 +144,7 @@ def test_sync_mirrors_every_point_with_params_metrics_tags_and_artifacts(results
     listed = json.loads(marker.read_text())
     assert len(listed["runs"]) == len(POINTS) and len(listed["unfinished"]) == 1
 
-    by_hash = {r.data.tags[IDENTITY_TAG]: r for runs in _runs(client).values() for r in runs}
+    by_hash = {r.data.tags[IDENTITY_TAG]: r for runs in result_runs(client).values() for r in runs}
     for folder in POINTS:
         point = results / "runs" / "tiny" / folder
         metrics = json.loads((point / "metrics.json").read_text())
@@ -262,7 +247,7 @@ def test_a_second_sync_creates_nothing_and_a_remeasured_value_is_appended(result
     assert len(client.get_metric_history(run.info.run_id, "quality.odd")) == 1
     assert len(client.get_metric_history(run.info.run_id, "quality.odd.std")) == 1
     assert len(client.get_metric_history(run.info.run_id, "speed.nfe_mean")) == 1
-    assert sum(len(r) for r in _runs(client).values()) == len(POINTS)
+    assert sum(len(r) for r in result_runs(client).values()) == len(POINTS)
 
 
 @pytest.mark.parametrize("step", ["create_run", "log_batch", "log_artifact", "set_terminated"])
@@ -362,14 +347,8 @@ def test_a_sync_killed_after_creating_a_run_is_completed_by_the_next(results):
     assert client.get_run(run_id).data.tags[SYNCED_TAG]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_a_down_server_fails_in_seconds_saying_the_results_are_safe(results, monkeypatch, capsys):
-    url = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
     folder = results / "runs" / "tiny"
     marker = results / "synced.json"
@@ -471,7 +450,7 @@ def test_nothing_finished_touches_no_store_and_other_metrics_files_are_skipped(t
     training.mkdir(parents=True)
     (training / "metrics.json").write_text(json.dumps({"loss": 1.0}))  # not an evaluation's
     marker = tmp_path / "synced.json"
-    url = f"http://127.0.0.1:{_free_port()}"  # down, and never asked
+    url = f"http://127.0.0.1:{free_port()}"  # down, and never asked
     assert (
         sync_main([str(tmp_path / "results"), "--tracking-uri", url, "--marker", str(marker)]) == 0
     )
@@ -491,113 +470,6 @@ def test_a_store_on_a_shared_filesystem_is_recognized(tmp_path):
     assert filesystem_type(Path("/sharedx/results"), mounts) == "ext4"
 
 
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) == 0
-
-
-@contextlib.contextmanager
-def _setdlm_ui(results: Path, port: int):
-    """`setdlm ui` on ``results`` (its own process group), once its MLflow server answers;
-    whatever of it outlives the test is killed, so that the suite leaves nothing running."""
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    ui = subprocess.Popen(
-        [str(Path(sys.executable).with_name("setdlm")), "ui", "--results", str(results)]
-        + ["--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not _answers(f"http://127.0.0.1:{port}/health"):
-            assert ui.poll() is None, "setdlm ui ended before its server answered"
-            assert time.monotonic() < deadline, "the MLflow UI never answered"
-            time.sleep(0.5)
-        yield ui
-    finally:
-        if ui.poll() is None:
-            os.killpg(ui.pid, signal.SIGKILL)
-            ui.wait()
-        _kill_servers_on(port)
-
-
-def _stops_serving(ui: subprocess.Popen, stop: int, port: int) -> None:
-    """``stop`` sent to setdlm ui alone (`kill`, a closed terminal; or `kill -9`, which it
-    cannot catch) ends it, and with it its server and the server's workers."""
-    ui.send_signal(stop)
-    assert ui.wait(timeout=60) == (0 if stop == signal.SIGTERM else -signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while _listening(port) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _listening(port), f"something still listens on {port} after setdlm ui ended"
-
-
-# Each starts `setdlm ui`, whose MLflow server takes about 8 s to answer (AMD EPYC): one server
-# serves the replayed sync, then stops on SIGTERM; the other is killed outright.
-@pytest.mark.slow
-def test_a_real_mlflow_server_receives_the_replayed_sync_and_stops_on_sigterm(
-    results, empty_store, tmp_path, capsys
-):
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    folder = results / "runs" / "tiny"
-    assert sync_main([str(folder), "--tracking-uri", url]) == 1  # not started yet
-    replay = capsys.readouterr().err.splitlines()[-1].strip()
-    # The server: `setdlm ui` on another results folder, its store and artifacts its own.
-    served = tmp_path / "served"
-    served.mkdir()
-    shutil.copy(empty_store, served / "mlflow.db")  # spares the server a schema migration
-    with _setdlm_ui(served, port) as ui:
-        # The exact command the failure printed, through the real command line.
-        command = shlex.split(replay)
-        assert command[:2] == ["setdlm", "sync"]
-        done = subprocess.run(
-            [sys.executable, "-m", "setdlm.cli", *command[1:]],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stderr
-        assert sync_main([str(folder), "--tracking-uri", url]) == 0
-        assert f"{len(POINTS)} unchanged" in capsys.readouterr().out
-        client = MlflowClient(url)
-        _assert_one_finished_run_per_point(client, results)
-        run = _runs(client)["cnndm"][0]
-        assert {"samples.jsonl", "metrics.json"} <= {
-            a.path for a in client.list_artifacts(run.info.run_id)
-        }
-        assert any((served / "mlartifacts").rglob("samples.jsonl"))  # stored by the server
-        _stops_serving(ui, signal.SIGTERM, port)
-    assert _runs(_client(results)) == {}  # the local store was not used
-
-
-@pytest.mark.slow
-def test_killing_setdlm_ui_outright_stops_the_mlflow_server_and_its_workers(results):
-    port = _free_port()
-    with _setdlm_ui(results, port) as ui:
-        _stops_serving(ui, signal.SIGKILL, port)
-
-
-def _kill_servers_on(port: int) -> None:
-    import psutil
-
-    for process in psutil.process_iter(["cmdline"]):
-        command = " ".join(process.info["cmdline"] or [])
-        if "mlflow" in command and str(port) in command:
-            with contextlib.suppress(psutil.Error):
-                process.kill()
-
-
 def test_key_metrics_times_and_sweeps_as_the_ui_shows_them(results):
     assert sync_main([str(results / "runs" / "tiny")]) == 0
     client = _client(results)
@@ -612,7 +484,7 @@ def test_key_metrics_times_and_sweeps_as_the_ui_shows_them(results):
         "tiny/cnndm/setdlm",
     ]
     assert {r.info.run_name for r in parents.values()} == {"bd3lm", "bd3lm dual-cache", "setdlm"}
-    for run in _runs(client)["cnndm"]:
+    for run in result_runs(client)["cnndm"]:
         parent = parents[run.data.tags["mlflow.parentRunId"]]
         params = run.data.params
         curve = params["model"] + (" dual-cache" if params["policy"] == "dual-cache" else "")
@@ -633,7 +505,7 @@ def test_key_metrics_times_and_sweeps_as_the_ui_shows_them(results):
         finished = datetime.datetime.fromisoformat(times["finished_at"]).timestamp() * 1000
         assert run.info.start_time == int(started) and run.info.end_time == int(finished)
         assert run.info.end_time < time.time() * 1000 - 1  # before this sync
-    likelihood = _runs(client)["likelihood-wikitext2"][0]
+    likelihood = result_runs(client)["likelihood-wikitext2"][0]
     assert "quality" in likelihood.data.metrics  # its NLL
     assert "tokens_per_second" not in likelihood.data.metrics
 
@@ -644,7 +516,7 @@ def test_a_changed_configuration_supersedes_the_old_run(results, capsys):
     client = _client(results)
     point = folder / "cnndm" / "setdlm" / "tau-0.9"
     old_hash = json.loads((point / "metrics.json").read_text())["config_hash"]
-    (old,) = [r for r in _runs(client)["cnndm"] if r.data.tags[IDENTITY_TAG] == old_hash]
+    (old,) = [r for r in result_runs(client)["cnndm"] if r.data.tags[IDENTITY_TAG] == old_hash]
     # The same folder recomputed under another configuration.
     metrics = json.loads((point / "metrics.json").read_text())
     metrics["config_hash"] = "0123456789abcdef"
@@ -653,7 +525,9 @@ def test_a_changed_configuration_supersedes_the_old_run(results, capsys):
     _assert_one_finished_run_per_point(client, results)  # the default (active) view
     replaced = client.get_run(old.info.run_id)
     assert replaced.info.lifecycle_stage == "deleted"  # out of the default view, restorable
-    (new,) = [r for r in _runs(client)["cnndm"] if r.data.tags[IDENTITY_TAG] == "0123456789abcdef"]
+    (new,) = [
+        r for r in result_runs(client)["cnndm"] if r.data.tags[IDENTITY_TAG] == "0123456789abcdef"
+    ]
     assert replaced.data.tags[SUPERSEDED_TAG] == new.info.run_id
     # The old configuration back: its run comes back, and the other one is superseded.
     metrics["config_hash"] = old_hash
@@ -752,56 +626,9 @@ def test_a_damaged_default_store_is_rebuilt_from_the_results(results, capsys, da
 # on small hand-written result folders (no model needed).
 
 
-def _point(root: Path, task, model, point, family, tau, quality, speed=None, seed=None, **extra):
-    """A finished point in the layout, <root>/runs/tiny/<task>/<model>/<point>[/seed-<k>]."""
-    folder = root / "runs" / "tiny" / task / model / point
-    if seed is not None:
-        folder = folder / f"seed-{seed}"
-    folder.mkdir(parents=True)
-    headline = "nll" if task.startswith("likelihood-") else "strict_match"
-    decode = None if tau is None else {"confidence_threshold": tau, **extra}
-    config = {"task": task, "model_config": {"family": family}, "model_source": model}
-    if decode is not None:
-        config["decode"] = decode
-    value, low, high = quality
-    metrics = {
-        "config_hash": config_hash([task, model, point, seed]),
-        "config": config,
-        "quality": {headline: {"value": value, "bootstrap_95": [low, high]}},
-    }
-    if speed is not None:
-        tps, parallelism, nfe = speed
-        metrics["speed"] = {
-            "tokens_per_second_mean": tps,
-            "parallelism_mean": parallelism,
-            "nfe_mean": nfe,
-        }
-    atomic_write_json(folder / "metrics.json", metrics)
-    (folder / "samples.jsonl").write_text('{"id": 0}\n')
-    return folder
-
-
 @pytest.fixture
 def small_results(tmp_path) -> Path:
-    """arithmetic-solve: SetDLM at τ = 0.1 and no threshold (one of them with a seed's own
-    run), BD3LM at τ = 0.5 and with the dual cache, AR; likelihood: SetDLM and AR."""
-    root = tmp_path / "results"
-    solve, likelihood = "arithmetic-solve", "likelihood-arithmetic"
-    setdlm, bd3lm, ar = "setdlm-smax8-arith", "bd3lm-s4-arith", "ar-arith"
-    points = [  # task, model, point, family, τ, quality (value, interval), speed (tok/s, ρ, NFE)
-        (solve, setdlm, "tau-0.1", "setdlm", 0.1, (0.9, 0.8, 0.95), (900.0, 3.0, 7.0)),
-        (solve, setdlm, "tau-1e+06", "setdlm", 1e6, (0.95, 0.9, 0.99), (300.0, 1.0, 21.0)),
-        (solve, bd3lm, "tau-0.5", "bd3lm", 0.5, (0.8, 0.7, 0.9), (800.0, 2.0, 10.0)),
-        (solve, ar, "tau-1e+06", "ar", 1e6, (0.99, 0.97, 1.0), (600.0, 1.0, 21.0)),
-        (likelihood, setdlm, "default", "setdlm", None, (0.36, 0.35, 0.37), None),
-        (likelihood, ar, "default", "ar", None, (0.34, 0.33, 0.35), None),
-    ]
-    for point in points:
-        _point(root, *point)
-    _point(root, *points[1][:6], (310.0, 1.0, 21.0), seed=2)
-    dual = (solve, bd3lm, "dual-cache-tau-0.5", "bd3lm", 0.5, (0.85, 0.7, 0.9), (850.0, 2.0, 10.0))
-    _point(root, *dual, policy="dual-cache")
-    return root
+    return write_small_results(tmp_path / "results")
 
 
 def _records(root: Path) -> list:
