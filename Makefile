@@ -114,10 +114,11 @@ test: $(STAMP)
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose" >&2; exit 1; fi; \
 	exit $$rc
 # The end-to-end tier: the fault injection on the main job's DAG (its quick overlay, run once,
-# then disturbed and recovered fault by fault), the MLflow UI in a browser (on make run's store
-# when there is one), the wheel in a scratch environment, the whole-workflow tests (shards, a
-# results folder with a space, dry runs) and, given a cluster, the SLURM test; on both cores,
-# each module on one worker. .ci/run runs it after make run.
+# then disturbed and recovered group by group), the MLflow UI in a browser (on make run's store
+# when there is one), a real MLflow server, the wheel in a scratch environment, the
+# whole-workflow tests (shards, a reduced workflow in a results folder with a space, dry runs),
+# the check across CPU capabilities and, given a cluster, the SLURM test; on both cores, each
+# module on one worker. .ci/run runs it after make run.
 # E2E_MARK and E2E_ARGS narrow it, e.g. E2E_ARGS=tests/test_shards.py.
 # The modules start in the order tests/conftest.py gives (the SLURM test, which mostly waits,
 # first), not by test count.
