@@ -11,7 +11,10 @@ from setdlm.recipes.bench_gpu import GpuCheckSettings, check_gpu
 from setdlm.util.errors import UserError
 
 
+# The whole check, every family at batch 1, in static batches and through the pool (about 13 s
+# on one AMD EPYC core): the end-to-end tier, with the other runs of whole commands (issue 47).
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_the_gpu_check_measures_every_family_against_the_bandwidth_bound():
     settings = GpuCheckSettings(
         device="cpu",
