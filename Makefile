@@ -117,8 +117,9 @@ test: $(STAMP)
 # then disturbed and recovered group by group), the MLflow UI in a browser (on make run's store
 # when there is one), a real MLflow server, the wheel in a scratch environment, the
 # whole-workflow tests (shards, a reduced workflow in a results folder with a space, dry runs),
-# the check across CPU capabilities and, given a cluster, the SLURM test; on both cores, each
-# module on one worker. .ci/run runs it after make run.
+# the check across CPU capabilities, the GPU-sized smokes (the GPU check on the CPU, the
+# real-size decode) and, given a cluster, the SLURM test; on both cores, each module on one
+# worker. .ci/run runs it after make run.
 # E2E_MARK and E2E_ARGS narrow it, e.g. E2E_ARGS=tests/test_shards.py.
 # The modules start in the order tests/conftest.py gives (the SLURM test, which mostly waits,
 # first), not by test count.
