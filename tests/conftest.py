@@ -52,6 +52,16 @@ def pytest_sessionfinish(session, exitstatus):
 PARITY_CASES = sorted(p.name for p in PARITY_DIR.iterdir() if (p / "reference.json").exists())
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_cache(tmp_path_factory) -> None:
+    """setdlm's cache (the empty MLflow store each new store copies: setdlm/tracking/
+    empty_store.py) in the session's temporary folder, shared by its pytest-xdist workers and
+    every process they start; never the user's."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if xdist_worker() is not None else base
+    os.environ["SETDLM_CACHE_DIR"] = str(shared / "setdlm-cache")
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     if not DATA_DIR.is_dir():

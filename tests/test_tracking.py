@@ -13,8 +13,10 @@ import datetime
 import json
 import math
 import os
+import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -28,6 +30,7 @@ from setdlm.cli import main as setdlm_main
 from setdlm.eval.records import config_hash
 from setdlm.results.reader import read_point, results_root
 from setdlm.tracking import sync_main, ui_main
+from setdlm.tracking.empty_store import cached_empty_store
 from setdlm.tracking.record import (
     IDENTITY_TAG,
     STALE_TAG,
@@ -554,15 +557,19 @@ print("finished before the kill")
 """
 
 
-def test_a_sync_killed_while_creating_the_store_leaves_none_half_made(results):
+def test_a_sync_killed_while_creating_the_store_leaves_none_half_made(results, tmp_path):
     """Finding 1 of the fault report: 4 of 23 kills during the first schema migration broke
     the store for good. Now it is migrated in a temporary file and renamed into place."""
     (results / "mlflow.db").unlink()
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    # No cached empty store to copy (a cache that cannot be written): MLflow migrates each
+    # time, as in a first creation, so the timed kills land inside its migration.
+    (tmp_path / "not-a-folder").write_text("")
+    migrating = env | {"SETDLM_CACHE_DIR": str(tmp_path / "not-a-folder" / "cache")}
     for moment in ("before-rename", "0.5", "1.0"):
         killed = subprocess.run(
             [sys.executable, "-c", KILLED_WHILE_CREATING, str(results), moment],
-            env=env,
+            env=env if moment == "before-rename" else migrating,
             capture_output=True,
             text=True,
             timeout=120,
@@ -579,9 +586,70 @@ def test_a_sync_killed_while_creating_the_store_leaves_none_half_made(results):
     assert not list(results.glob(".mlflow.db.creating-*"))  # cleaned by the next creation
 
 
-def test_a_half_migrated_store_is_rebuilt_from_the_results_or_named(results, tmp_path, capsys):
-    import sqlite3
+def _new_store(root: Path) -> Path:
+    store = resolve_store(root, f"sqlite:///{root / 'mlflow.db'}")
+    with writer_lock(store):
+        open_client(store)
+    return root / "mlflow.db"
 
+
+def _contents(database: Path) -> list[str]:
+    """A store's schema and rows, line by line and sorted (MLflow's migration writes a few
+    index statements and constraints in another order from one run to the next), with the
+    default experiment's times left out."""
+    with contextlib.closing(sqlite3.connect(database)) as db:
+        lines = [line for statement in db.iterdump() for line in statement.splitlines()]
+    return sorted(
+        re.sub(r"^(INSERT INTO \"experiments\" VALUES\(0,.*),\d+,\d+,", r"\1,", line)
+        for line in lines
+    )
+
+
+def _default_experiment(database: Path) -> tuple[str, int]:
+    with contextlib.closing(sqlite3.connect(database)) as db:
+        return db.execute(
+            "SELECT artifact_location, creation_time FROM experiments WHERE experiment_id = 0"
+        ).fetchone()
+
+
+def test_a_new_store_is_a_copy_of_the_one_mlflow_migrates(tmp_path, monkeypatch):
+    """MLflow's schema migration (1-2 s) runs once per MLflow version: its empty store is kept
+    in setdlm's cache and copied for every new store, which then holds what the migration
+    makes, its default experiment dated now and located under the working directory. A
+    damaged cached store is dropped and the migration runs; so it does with no usable cache."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SETDLM_CACHE_DIR", str(tmp_path / "cache"))
+    migrated = _new_store(tmp_path / "first")  # nothing cached: migrated, then kept
+    cached = cached_empty_store()
+    assert cached.parent == tmp_path / "cache" and cached.is_file()
+    started = time.time() * 1000
+    copied = _new_store(tmp_path / "second")
+    assert _contents(copied) == _contents(migrated)
+    location, created = _default_experiment(copied)
+    assert location == _default_experiment(migrated)[0] == str(tmp_path / "mlruns" / "0")
+    assert created >= started
+    # copied indeed: a tag put into the cached store shows up in the next store
+    with contextlib.closing(sqlite3.connect(cached)) as db, db:
+        db.execute("INSERT INTO experiment_tags VALUES ('mark', 'copied', 0)")
+    assert ("mark", "copied") in _tags_of_the_default_experiment(_new_store(tmp_path / "third"))
+
+    cached.write_bytes(b"not a database")  # damaged: dropped, migrated, kept anew
+    assert _contents(_new_store(tmp_path / "fourth")) == _contents(migrated)
+    assert _contents(cached) == _contents(migrated)
+
+    (tmp_path / "a-file").write_text("")  # a cache that cannot be written: migrated
+    monkeypatch.setenv("SETDLM_CACHE_DIR", str(tmp_path / "a-file" / "cache"))
+    assert _contents(_new_store(tmp_path / "fifth")) == _contents(migrated)
+
+
+def _tags_of_the_default_experiment(database: Path) -> list[tuple[str, str]]:
+    with contextlib.closing(sqlite3.connect(database)) as db:
+        return db.execute(
+            "SELECT key, value FROM experiment_tags WHERE experiment_id = 0"
+        ).fetchall()
+
+
+def test_a_half_migrated_store_is_rebuilt_from_the_results_or_named(results, tmp_path, capsys):
     folder = str(results / "runs" / "tiny")
     assert sync_main([folder]) == 0
     given = tmp_path / "given.db"  # a store the user named: reported, never moved

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import sys
 import urllib.error
 import urllib.request
@@ -20,6 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from setdlm.results.layout import ARTIFACTS_FOLDER
+from setdlm.tracking.empty_store import (
+    cached_empty_store,
+    date_the_default_experiment,
+    keep_empty_store,
+)
 from setdlm.util.errors import UserError
 from setdlm.util.files import fsync_dir, move_aside
 
@@ -199,19 +205,50 @@ def _forget_open_store(uri: str) -> None:
 
 
 def _create_database(database: Path) -> None:
-    """Create and migrate a new SQLite store in a temporary file, then rename it into place: a
-    process killed during MLflow's schema migration (seconds, dozens of steps) leaves no store
-    half-migrated, only a temporary file that the next creation removes. Call under the lock."""
-    from mlflow.tracking import MlflowClient
-
+    """Create a new SQLite store in a temporary file, then rename it into place: a process
+    killed during MLflow's schema migration (seconds, dozens of steps) leaves no store
+    half-migrated, only a temporary file that the next creation removes. The migration runs
+    once per MLflow version; later stores are copies of its result (setdlm/tracking/
+    empty_store.py). Call under the lock."""
     for stale in database.parent.glob(f".{database.name}.creating-*"):
         stale.unlink(missing_ok=True)  # left by a killed creation (we hold the lock)
     staging = database.with_name(f".{database.name}.creating-{os.getpid()}")
-    staging_uri = f"sqlite:///{staging}"
-    MlflowClient(tracking_uri=staging_uri).search_experiments(max_results=1)  # the schema
-    _forget_open_store(staging_uri)  # no connection left open on the file being renamed
+    if not _copied_empty_store(staging):
+        _open_and_forget(staging)  # MLflow migrates the new file
+        keep_empty_store(staging)
     os.replace(staging, database)
     fsync_dir(database.parent)
+
+
+def _copied_empty_store(staging: Path) -> bool:
+    """The cached empty store copied to ``staging`` and checked as MLflow opens it; False when
+    there is none, or when the copy does not open (the cached file is then dropped)."""
+    cached = cached_empty_store()
+    if not cached.is_file():
+        return False
+    try:
+        shutil.copyfile(cached, staging)
+        date_the_default_experiment(staging)
+        _open_and_forget(staging)
+    # whatever a damaged cached file raises (sqlite3, SQLAlchemy or MLflow errors): it is only
+    # a copy of what a migration makes again
+    except Exception:  # noqa: BLE001
+        staging.unlink(missing_ok=True)
+        cached.unlink(missing_ok=True)
+        return False
+    return True
+
+
+def _open_and_forget(database: Path) -> None:
+    """Open ``database`` with MLflow (which migrates a new file and checks any file's schema),
+    then drop the connection: the file is renamed next."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{database}"
+    try:
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+    finally:
+        _forget_open_store(uri)
 
 
 def damaged(database: Path, error: BaseException) -> str | None:

@@ -1,4 +1,4 @@
-"""Where offline data lives.
+"""Where offline data lives, and where setdlm caches what it can make again.
 
 Development and CI machines cannot reach the Hugging Face Hub, so datasets and tokenizers are
 read from a local mirror named by ``SETDLM_DATA_DIR`` (laid out like ``../shared/data``).
@@ -13,6 +13,7 @@ from pathlib import Path
 from setdlm.util.errors import UserError
 
 DATA_DIR_ENV = "SETDLM_DATA_DIR"
+CACHE_DIR_ENV = "SETDLM_CACHE_DIR"
 
 
 class DataNotFoundError(UserError, FileNotFoundError):
@@ -23,6 +24,16 @@ def data_dir() -> Path | None:
     """The local data mirror, or None when ``SETDLM_DATA_DIR`` is unset (use the Hub)."""
     value = os.environ.get(DATA_DIR_ENV)
     return Path(value).expanduser().resolve() if value else None
+
+
+def cache_dir() -> Path:
+    """Where setdlm keeps files it can always make again (the empty MLflow store of each MLflow
+    version): ``SETDLM_CACHE_DIR``, else ``$XDG_CACHE_HOME/setdlm``, else ``~/.cache/setdlm``.
+    Deleting it costs time, never a result."""
+    value = os.environ.get(CACHE_DIR_ENV)
+    if value:
+        return Path(value).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "setdlm"
 
 
 def data_path(*parts: str) -> Path:
