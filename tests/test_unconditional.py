@@ -14,7 +14,7 @@ import torch
 
 from setdlm.checkpoints.folders import load_model
 from setdlm.core.decoding import DecodeConfig
-from setdlm.data.text import ChunkedLMDataset, load_wikitext2
+from setdlm.data.text import ChunkedLMDataset, first_chunks, load_wikitext2
 from setdlm.data.tokenizers import load_tokenizer
 from setdlm.eval.gen_ppl import PerplexitySettings, load_evaluator, unigram_entropy
 from setdlm.eval.mauve_score import load_featurizer
@@ -28,7 +28,6 @@ from setdlm.tasks.unconditional import (
     ScoringSettings,
     UnconditionalTask,
     attempt_seed,
-    first_chunks,
     generation_text,
     load_reference_pool,
     reference_text,
@@ -307,9 +306,13 @@ def test_references_are_chunks_decoded_by_the_chosen_protocol(random_tiny):
     )
     # A limited pool tokenizes only the documents it needs, and gets the same first chunks.
     lines = [line for article in load_wikitext2().heldout for line in article.split("\n")]
+    whole = ChunkedLMDataset(lines, tokenizer, 64).input_ids
     limited, used = first_chunks(lines, tokenizer, 64, limit=20)
-    assert torch.equal(limited, ChunkedLMDataset(lines, tokenizer, 64).input_ids[:20])
-    assert used < len(lines)
+    assert torch.equal(limited.input_ids[:20], whole[:20]) and used < len(lines)
+    # as the likelihood asks for them: from as many documents as chunks on, doubling
+    limited, used = first_chunks(lines, tokenizer, 64, 20, start=20)
+    assert torch.equal(limited.input_ids[:20], whole[:20]) and len(limited) >= 20
+    assert used < 256
 
     crossing = next(c.tolist() for c in pool.chunks if tokenizer.eos_token_id in c[1:])
     assert "<|eos|>" in reference_text(crossing, tokenizer, "paper")

@@ -174,6 +174,35 @@ class ChunkedLMDataset(TokenRowsDataset):
         self.n_stream_tokens = len(stream)
 
 
+def first_chunks(
+    documents: Sequence[str],
+    tokenizer: PreTrainedTokenizerBase,
+    length: int,
+    limit: int | None,
+    bos_id: int | None = None,
+    eos_id: int | None = None,
+    start: int = 256,
+) -> tuple[ChunkedLMDataset, int]:
+    """The chunks of as few leading documents as give ``limit`` of them (of all with None), and
+    how many documents were tokenized.
+
+    The chunks of the first k documents are the first chunks of all documents (they share one
+    token stream), so a limited set tokenizes ``start`` documents, then twice as many at a time
+    until it has enough, instead of the whole split. Callers take the first ``limit`` chunks.
+    """
+    used = len(documents) if limit is None else min(len(documents), start)
+    while True:
+        try:
+            chunks = ChunkedLMDataset(documents[:used], tokenizer, length, bos_id, eos_id)
+        except ValueError:  # not one full chunk yet
+            if used == len(documents):
+                raise
+        else:
+            if limit is None or len(chunks) >= limit or used == len(documents):
+                return chunks, used
+        used = min(2 * used, len(documents))
+
+
 class PaddedRowsDataset(TokenRowsDataset):
     """One document per row: BOS + document + EOS, filled up to ``length`` with more EOS.
 

@@ -23,7 +23,7 @@ import torch
 
 from setdlm.data.jsonl import read_jsonl
 from setdlm.data.loader import collate
-from setdlm.data.text import ChunkedLMDataset, PaddedRowsDataset, load_wikitext2
+from setdlm.data.text import PaddedRowsDataset, first_chunks, load_wikitext2
 from setdlm.eval.fingerprint import hardware, run_provenance, sample_provenance, software_versions
 from setdlm.eval.heldout_nll import sequence_terms, summarize
 from setdlm.eval.intervals import RESAMPLES, ratio_bootstrap_95
@@ -206,14 +206,18 @@ def run_likelihood(
         length = model.config.length
         rows = arithmetic_rows(tokenizer, length, count, problem_seed, version, excluding)
     else:
-        # the checkpoint's own BOS and EOS (LM1B's BERT tokenizer has neither: [CLS], [SEP])
+        # the checkpoint's own BOS and EOS (LM1B's BERT tokenizer has neither: [CLS], [SEP]);
+        # with a limit, only the documents its chunks need are tokenized (OWT's validation
+        # split is 100k documents), from as many documents as chunks on
         config = model.config
-        rows = ChunkedLMDataset(
+        rows, _ = first_chunks(
             heldout_documents(data),
             tokenizer,
             config.length,
+            limit,
             config.bos_token_id,
             config.eos_token_id,
+            start=limit or 1,
         )
         count = len(rows) if limit is None else min(limit, len(rows))
     claim_folder(out_dir, identity, digest)

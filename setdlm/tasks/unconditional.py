@@ -585,6 +585,8 @@ def load_reference_pool(
     first ``limit`` chunks, or all of them."""
     if source in arithmetic.GRAMMARS:
         return _arithmetic_reference_pool(source, tokenizer, length, limit)
+    from setdlm.data.text import first_chunks
+
     if source == "wikitext2":
         from setdlm.data.text import load_wikitext2
 
@@ -600,6 +602,7 @@ def load_reference_pool(
     else:
         raise ValueError(f"reference source {source!r} is not one of {sorted(REFERENCE_SOURCES)}")
     chunks, used = first_chunks(documents, tokenizer, length, limit)
+    chunks = chunks.input_ids[:limit]  # (N, L)
     info = {
         "source": source,
         "description": REFERENCE_SOURCES[source],
@@ -630,28 +633,6 @@ def _arithmetic_reference_pool(version: str, tokenizer, length: int, limit: int 
         "tokenizer": tokenizer.name_or_path,
     }
     return ReferencePool(chunks, info)
-
-
-def first_chunks(documents, tokenizer, length: int, limit: int | None):
-    """The first ``limit`` chunks (all with None) and how many documents were tokenized.
-
-    The chunks of the first k documents are the first chunks of all documents (they share one
-    token stream), so a limited pool tokenizes twice as many documents at a time until it has
-    enough, instead of the whole split.
-    """
-    from setdlm.data.text import ChunkedLMDataset
-
-    used = len(documents) if limit is None else min(len(documents), 256)
-    while True:
-        try:
-            chunks = ChunkedLMDataset(documents[:used], tokenizer, length).input_ids  # (N, L)
-        except ValueError:  # not one full chunk yet
-            if used == len(documents):
-                raise
-            chunks = torch.empty((0, length), dtype=torch.long)
-        if limit is None or len(chunks) >= limit or used == len(documents):
-            return chunks[:limit], used
-        used = min(2 * used, len(documents))
 
 
 def reference_text(chunk, tokenizer, protocol: str) -> str:
