@@ -152,3 +152,27 @@ def test_an_unknown_kind_is_refused_naming_the_key():
 
     with pytest.raises(ConfigError, match="jobs"):
         _plan(_with_jobs({"arithmetic-solve": "per-point"}))
+
+
+def test_a_model_of_its_own_shards_splits_only_its_points_and_changes_no_identity():
+    """`overrides.<model>.shards` shards that model's points only (the slow one's), over the
+    task's `shards`; no point's identity moves, so nothing is recomputed for it."""
+    from setdlm.workflow.config import ConfigError
+
+    config = _with_jobs({"arithmetic-solve": "point"})
+    solve = config["tasks"]["arithmetic-solve"]
+    solve.setdefault("overrides", {}).setdefault("mdlm-arith", {})["shards"] = 3
+    plan = _plan(config)
+    jobs = evaluation_jobs(plan)
+    sharded = {job.key: job.shards for job in jobs.values() if job.shards > 1}
+    assert sharded and all(key.startswith("arithmetic-solve/mdlm-arith/") for key in sharded)
+    assert set(sharded.values()) == {3}
+    assert {k: p.config_hash for k, p in plan.seed_points.items()} == {
+        k: p.config_hash
+        for k, p in _plan(_with_jobs({"arithmetic-solve": "point"})).seed_points.items()
+    }
+    solve["jobs"] = "task"  # a job over several points cannot be split
+    with pytest.raises(
+        ConfigError, match=r"overrides\.mdlm-arith\.shards: 3 shards .* `jobs: point`"
+    ):
+        _plan(config)

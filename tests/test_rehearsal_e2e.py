@@ -87,8 +87,11 @@ def test_make_rehearsal_runs_every_rule_of_the_paper_with_stand_ins(tmp_path, da
         ).fetchall()
     assert len(sources) == 102  # every point, each from a Hub snapshot (key@commit)
     assert sum(value.startswith(("owt:ar@", "owt:mdlm@")) for (value,) in sources) == 8
-    # infill-1's points in 2 shards each, merged: every example once, each shard's job named
-    shards = sorted((work / "results/runs" / NAME / "infill-1/ar/tau-1e+06/shards").iterdir())
+    # infill-1's AR point in 2 shards, merged: every example once, each shard's job named; the
+    # other models' infill-1 points in one job each
+    infill = work / "results/runs" / NAME / "infill-1"
+    assert not (infill / "mdlm/tau-1e+06/shards").exists()
+    shards = sorted((infill / "ar/tau-1e+06/shards").iterdir())
     assert [shard.name for shard in shards] == ["0-of-2", "1-of-2"]
     lines = (work / "results/runs" / NAME / "infill-1/ar/tau-1e+06/samples.jsonl").read_text()
     assert len(lines.splitlines()) == sum(

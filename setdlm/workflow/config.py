@@ -492,12 +492,18 @@ def _task_errors(task: str, settings: dict, config: dict, published: dict) -> li
                 errors += _policy_errors(task, settings, name, models[name]["family"])
         for name, override in settings["overrides"].items():
             errors += _override_errors(name, override, task, config, published)
-        if settings.get("shards", 1) > 1 and settings.get("jobs") != "point":
-            errors.append(
-                f"{where}.shards: {settings['shards']} shards split one point over several "
-                f"jobs, which needs `jobs: point` (it is {settings.get('jobs')!r}: a job over "
-                "several points)"
-            )
+        sharded = [(f"{where}.shards", settings.get("shards", 1))]
+        sharded += [
+            (f"{where}.overrides.{name}.shards", override["shards"])
+            for name, override in settings["overrides"].items()
+            if "shards" in override
+        ]
+        for key, shards in sharded:
+            if shards > 1 and settings.get("jobs") != "point":
+                errors.append(
+                    f"{key}: {shards} shards split one point over several jobs, which needs "
+                    f"`jobs: point` (it is {settings.get('jobs')!r}: a job over several points)"
+                )
     if "evaluator" in settings:  # unconditional's and arithmetic-unconditional's
         errors += _evaluator_errors(f"{where}.evaluator", settings["evaluator"], models)
     if "reject" in settings:

@@ -144,16 +144,20 @@ def evaluation_jobs(plan) -> dict[str, EvalJob]:
             key,
             points[0].model,
             tuple(sorted(points, key=lambda point: point.seed or 0)),  # seed by seed (stable)
-            _shards(plan.config, points[0].task),
+            point_shards(plan.config, points[0].task, points[0].model),
         )
         for key, points in grouped.items()
     }
 
 
-def _shards(config: dict, task: str) -> int:
-    """How many shard jobs each point of the task is decoded in (only a job per point is)."""
+def point_shards(config: dict, task: str, model: str) -> int:
+    """How many shard jobs each of the model's points of the task is decoded in: the model's
+    override, else the task's setting (only a job per point is split)."""
+    if job_kind(config, task) != "point":
+        return 1
     settings = config["tasks"][task]
-    return settings.get("shards", 1) if job_kind(config, task) == "point" else 1
+    override = settings.get("overrides", {}).get(model, {})
+    return override.get("shards", settings.get("shards", 1))
 
 
 def shard_jobs(plan, run: str) -> dict[tuple[str, str], ShardJob]:

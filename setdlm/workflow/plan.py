@@ -80,6 +80,8 @@ NOT_PER_POINT = (
     "shards",
     "mauve_thresholds",
 )
+# The same for a model's override of a task's settings.
+OVERRIDES_NOT_PER_POINT = ("thresholds", "policies", "shards")
 
 
 @dataclass(frozen=True)
@@ -352,7 +354,7 @@ def _plan_model_points(plan: Plan, published: dict, task: str, settings: dict, n
     identity = {
         "task": task,
         "settings": shared,
-        "override": {k: v for k, v in override.items() if k not in ("thresholds", "policies")},
+        "override": {k: v for k, v in override.items() if k not in OVERRIDES_NOT_PER_POINT},
         "model": name,
         "model_identity": model_identity,
         "evaluator": plan.trained.get(evaluator["model"]) if isinstance(evaluator, dict) else None,
