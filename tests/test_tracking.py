@@ -29,6 +29,7 @@ from mlflow_helpers import free_port, result_runs, write_small_results
 from setdlm.cli import main as setdlm_main
 from setdlm.eval.records import config_hash
 from setdlm.results.reader import read_point, results_root
+from setdlm.tracking import empty_store as store_cache
 from setdlm.tracking import sync_main, ui_main
 from setdlm.tracking.empty_store import cached_empty_store
 from setdlm.tracking.record import (
@@ -640,6 +641,13 @@ def test_a_new_store_is_a_copy_of_the_one_mlflow_migrates(tmp_path, monkeypatch)
     (tmp_path / "a-file").write_text("")  # a cache that cannot be written: migrated
     monkeypatch.setenv("SETDLM_CACHE_DIR", str(tmp_path / "a-file" / "cache"))
     assert _contents(_new_store(tmp_path / "fifth")) == _contents(migrated)
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(store_cache, "cache_dir", no_home)  # no cache folder at all: migrated
+    assert cached_empty_store() is None
+    assert _contents(_new_store(tmp_path / "sixth")) == _contents(migrated)
 
 
 def _tags_of_the_default_experiment(database: Path) -> list[tuple[str, str]]:

@@ -20,17 +20,24 @@ from pathlib import Path
 from setdlm.util.paths import cache_dir
 
 
-def cached_empty_store() -> Path:
-    """Where this MLflow version's empty store is kept (it may not exist yet)."""
+def cached_empty_store() -> Path | None:
+    """Where this MLflow version's empty store is kept (it may not exist yet); None where no
+    cache folder can be named (no home folder and no SETDLM_CACHE_DIR)."""
     import mlflow
 
-    return cache_dir() / f"mlflow-{mlflow.__version__}-empty.db"
+    try:
+        folder = cache_dir()
+    except (RuntimeError, KeyError):  # Path.home() without a home
+        return None
+    return folder / f"mlflow-{mlflow.__version__}-empty.db"
 
 
 def keep_empty_store(migrated: Path) -> None:
     """A copy of a freshly migrated, still empty store as the cached one: written aside and
     renamed, so no reader sees half a file. A cache that cannot be written is left as it is."""
     cached = cached_empty_store()
+    if cached is None:
+        return
     with contextlib.suppress(OSError):
         cached.parent.mkdir(parents=True, exist_ok=True)
         staging = cached.with_name(f".{cached.name}.{os.getpid()}")

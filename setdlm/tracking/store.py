@@ -224,7 +224,7 @@ def _copied_empty_store(staging: Path) -> bool:
     """The cached empty store copied to ``staging`` and checked as MLflow opens it; False when
     there is none, or when the copy does not open (the cached file is then dropped)."""
     cached = cached_empty_store()
-    if not cached.is_file():
+    if cached is None or not cached.is_file():
         return False
     try:
         shutil.copyfile(cached, staging)
