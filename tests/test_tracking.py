@@ -31,7 +31,6 @@ from setdlm.eval.records import config_hash
 from setdlm.results.reader import read_point, results_root
 from setdlm.tracking import empty_store as store_cache
 from setdlm.tracking import sync_main, ui_main
-from setdlm.tracking.empty_store import cached_empty_store
 from setdlm.tracking.record import (
     IDENTITY_TAG,
     STALE_TAG,
@@ -621,7 +620,7 @@ def test_a_new_store_is_a_copy_of_the_one_mlflow_migrates(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SETDLM_CACHE_DIR", str(tmp_path / "cache"))
     migrated = _new_store(tmp_path / "first")  # nothing cached: migrated, then kept
-    cached = cached_empty_store()
+    cached = store_cache.cached_empty_store()
     assert cached.parent == tmp_path / "cache" and cached.is_file()
     started = time.time() * 1000
     copied = _new_store(tmp_path / "second")
@@ -646,7 +645,7 @@ def test_a_new_store_is_a_copy_of_the_one_mlflow_migrates(tmp_path, monkeypatch)
         raise RuntimeError("Could not determine home directory.")
 
     monkeypatch.setattr(store_cache, "cache_dir", no_home)  # no cache folder at all: migrated
-    assert cached_empty_store() is None
+    assert store_cache.cached_empty_store() is None
     assert _contents(_new_store(tmp_path / "sixth")) == _contents(migrated)
 
 
