@@ -28,6 +28,30 @@ def test_repetition_penalty_equals_transformers_row_by_row():
             assert torch.allclose(ours[b, d], expected)
 
 
+def test_repetition_penalty_of_the_seen_columns_only_has_the_bits_of_every_column():
+    """The penalty computes only the columns some row has seen; the decoded tokens depend on
+    its bits, so they must equal the formula applied to the whole vocabulary (GPT-2's size, rows
+    with different seen sets, logits of both signs, zeros and -inf; float32 and bfloat16)."""
+    generator = torch.Generator().manual_seed(2)
+    vocab = 50257
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = (torch.randn(3, 5, vocab, generator=generator) * 4).to(dtype)
+        logits[0, 0, :7] = 0.0
+        logits[1, 2, 100:110] = float("-inf")
+        rows = [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in (300, 0, 40)]
+        rows[0] += list(range(7)) + list(range(100, 110))
+        seen = processors.token_presence(rows, vocab, "cpu")
+        penalized = torch.where(logits < 0, logits * 1.2, logits / 1.2)
+        whole = torch.where(seen[:, None, :], penalized, logits)
+        ours = processors.repetition_penalty(logits, seen, 1.2)
+        assert ours.dtype == dtype and ours.shape == logits.shape
+        assert torch.equal(
+            ours.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+            whole.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+        )
+        assert not torch.equal(ours, logits)  # it did penalize
+
+
 def test_length_penalty_equals_transformers_for_each_prefix_length():
     generator = torch.Generator().manual_seed(1)
     logits = torch.randn(1, 4, 10, generator=generator)

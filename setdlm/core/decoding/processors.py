@@ -14,9 +14,19 @@ def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float)
 
     logits: (B, D, V); seen: (B, V) bool. A seen token's logit is divided by ``penalty`` when
     positive and multiplied by it when negative (transformers' RepetitionPenaltyLogitsProcessor).
+
+    Only the columns some row has seen are computed (a few hundred of a 50k-151k vocabulary):
+    the same operations on the same values, so the same bits, at a fraction of the passes over
+    (B, D, V) that a penalty of every column would take (5 of them, against one copy).
     """
-    penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
-    return torch.where(seen[:, None, :], penalized, logits)
+    columns = seen.any(dim=0).nonzero().squeeze(-1)  # (C,) ids seen by at least one row
+    if columns.numel() == logits.shape[-1]:  # a small vocabulary, all of it seen
+        penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
+        return torch.where(seen[:, None, :], penalized, logits)
+    chosen = logits.index_select(-1, columns)  # (B, D, C)
+    penalized = torch.where(chosen < 0, chosen * penalty, chosen / penalty)
+    chosen = torch.where(seen[:, None, columns], penalized, chosen)  # (B, D, C)
+    return logits.index_copy(-1, columns, chosen)
 
 
 def exponential_length_penalty(
