@@ -146,6 +146,12 @@ def _work_folder(out: Path, name: str, seed: int | None) -> Path:
 def train_model(
     name: str, config: dict, out: Path, work: Path, log=print, seed: int | None = None
 ) -> dict:
+    family = config["models"][name]["family"]
+    settings = tiny_settings(config, name, seed)
+    recipe = model_recipe(config, name, settings)
+    reference = reference_model(config, name, seed, recipe)
+    if reference is not None:  # a copy: no torch (its import is 2-3 s of a 3 s job)
+        return _copy_reference(name, reference, out, log)
     from setdlm.checkpoints.folders import save_model
     from setdlm.recipes.tiny import (
         build_tiny_model,
@@ -157,12 +163,6 @@ def train_model(
     from setdlm.train import latest_checkpoint, load_weights, train
     from setdlm.train.checkpoint import read_manifest
 
-    family = config["models"][name]["family"]
-    settings = tiny_settings(config, name, seed)
-    recipe = model_recipe(config, name, settings)
-    reference = reference_model(config, name, seed, recipe)
-    if reference is not None:
-        return _copy_reference(name, reference, out, log)
     if reference_root(config) is not None:  # hours, where minutes were perhaps expected
         log(f"[{name}] no reference model of this recipe in {reference_root(config)}: training it")
     identity = {**recipe, "code_version": code_version(WORKFLOW_DIR.parent)}
