@@ -122,7 +122,7 @@ test: $(STAMP)
 # worker. .ci/run runs it after make run.
 # E2E_MARK and E2E_ARGS narrow it, e.g. E2E_ARGS=tests/test_shards.py.
 # The modules start in the order tests/conftest.py gives (the SLURM test, which mostly waits,
-# first), not by test count.
+# first, then the longest modules, the short ones last), not by test count.
 E2E_MARK ?= e2e
 E2E_ARGS ?=
 test-e2e: $(STAMP)
