@@ -448,7 +448,8 @@ def _apply_processors(logits, rows, plans, config: DecodeConfig, mask_id: int):
             seen = [
                 [row.tokens[s] for s in row.generated if row.tokens[s] != mask_id] for row in rows
             ]
-        presence = processors.token_presence(seen, logits.shape[-1], logits.device)
+        # on the host: the penalty finds the seen columns there, without waiting for the device
+        presence = processors.token_presence(seen, logits.shape[-1], "cpu")
         logits = processors.repetition_penalty(logits, presence, config.repetition_penalty)
     if config.length_penalty is not None:
         before = torch.zeros(logits.shape[:2], dtype=torch.long)

@@ -12,8 +12,10 @@ import torch
 def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
     """CTRL-style penalty on every token already seen by the row.
 
-    logits: (B, D, V); seen: (B, V) bool. A seen token's logit is divided by ``penalty`` when
-    positive and multiplied by it when negative (transformers' RepetitionPenaltyLogitsProcessor).
+    logits: (B, D, V); seen: (B, V) bool, best on the host (the engine builds it there): the seen
+    columns are found where it lies, so a GPU is not waited for. A seen token's logit is divided
+    by ``penalty`` when positive and multiplied by it when negative (transformers'
+    RepetitionPenaltyLogitsProcessor).
 
     Only the columns some row has seen are computed (a few hundred of a 50k-151k vocabulary):
     the same operations on the same values, so the same bits, at a fraction of the passes over
@@ -21,12 +23,17 @@ def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float)
     """
     columns = seen.any(dim=0).nonzero().squeeze(-1)  # (C,) ids seen by at least one row
     if columns.numel() == logits.shape[-1]:  # a small vocabulary, all of it seen
-        penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
-        return torch.where(seen[:, None, :], penalized, logits)
-    chosen = logits.index_select(-1, columns)  # (B, D, C)
-    penalized = torch.where(chosen < 0, chosen * penalty, chosen / penalty)
-    chosen = torch.where(seen[:, None, columns], penalized, chosen)  # (B, D, C)
+        return _penalized(logits, seen.to(logits.device), penalty)
+    seen_columns = seen.index_select(-1, columns).to(logits.device)  # (B, C)
+    columns = columns.to(logits.device)
+    chosen = _penalized(logits.index_select(-1, columns), seen_columns, penalty)  # (B, D, C)
     return logits.index_copy(-1, columns, chosen)
+
+
+def _penalized(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """logits: (B, D, W) with seen: (B, W) bool on the same device; the seen ones penalized."""
+    penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
+    return torch.where(seen[:, None, :], penalized, logits)
 
 
 def exponential_length_penalty(
