@@ -4,7 +4,8 @@
         --baseline results/baselines/rehearsal.json \
         --tracking-uri sqlite:///results/rehearsal/mlflow.db
 
-1. Every job of a rule that is not local ran as a SLURM job: each data part, model marker,
+1. Every job of a rule that is not local ran as a SLURM job: each data part from the Hub
+   (a data directory's file is copied by a local rule, and records no job), model marker,
    evaluation (its metrics) and sample records a job id; a job that evaluates several points
    gives them one id, a point split into shards has its samples from the shards' jobs; there
    are as many distinct ids as such jobs, and SLURM's own history (squeue, else sacct) knows
@@ -38,7 +39,12 @@ def recorded_jobs(run: Path) -> dict[str, str]:
     are made by a local rule and record none."""
     jobs = {}
     for part in sorted(run.glob("data/*/manifest.json")):
-        jobs[f"prepare_data {part.parent.name}"] = json.loads(part.read_text()).get("job") or {}
+        prepared = json.loads(part.read_text())
+        if all(entry["source"]["kind"] == "dir" for entry in prepared["files"]):
+            if prepared.get("job"):  # copy_data, a local rule: it ran where Snakemake did
+                fail(f"{part}: a data directory's copy ran as SLURM job {prepared['job']}")
+            continue
+        jobs[f"prepare_data {part.parent.name}"] = prepared.get("job") or {}
     markers = [
         *run.glob("models/*/checkpoint*.json"),
         *run.glob("models/*/seed-*/checkpoint.json"),

@@ -43,7 +43,7 @@ def test_the_cost_of_a_small_matrix(monkeypatch):
     rules = {rule.rule: rule for rule in cost.costs(plan)}
     # the default spreads a task's points over one job per model: AR's, and SetDLM's two τ
     assert {name: rule.jobs for name, rule in rules.items()} == {
-        "prepare_data": 1,
+        "copy_data": 1,  # a data directory's file: a local rule, no GPU
         "data_manifest": 1,
         "fetch": 2,
         "evaluate": 2,

@@ -143,8 +143,11 @@ def costs(plan) -> list[RuleCost]:
     def gpus(stage):
         return plan.resources(stage)["gpus"]
 
-    for _ in plan.data:
-        add("prepare_data", gpus("data"))
+    for identity in plan.data.values():  # a data directory's file is copied by a local rule
+        if identity["source"] == "hub":
+            add("prepare_data", gpus("data"))
+        else:
+            add("copy_data", 0)
     if plan.data:
         add("data_manifest", 0)
     seeded = set(plan.seeded_models())

@@ -183,6 +183,13 @@ class Plan:
         )
         return "|".join(re.escape(name) for name in names) or NO_NAME
 
+    def data_wildcard(self, source: str) -> str:
+        """The {dataset} wildcard of the rule that prepares the data sets of one source kind
+        ("hub": downloaded by a job; "dir": copied from the data directory where Snakemake
+        runs), so that the two rules never claim one data set."""
+        names = sorted(name for name, identity in self.data.items() if identity["source"] == source)
+        return "|".join(re.escape(name) for name in names) or NO_NAME
+
     def metrics(self, point: Point) -> str:
         return f"{point.folder}/metrics.json"
 
