@@ -65,7 +65,7 @@ class ConfigError(UserError, ValueError):
         super().__init__(f"invalid workflow configuration{where}:\n{lines}")
 
 
-class _StrictLoader(yaml.SafeLoader):
+class _StrictLoader(validation.SafeLoader):
     """YAML that refuses a key given twice in one mapping (PyYAML keeps the last silently: a
     second `tasks:` block or a repeated setting replaced the first without a word). Keys
     merged in with ``<<: *anchor`` may be overridden, as YAML intends."""
