@@ -33,7 +33,7 @@ SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflows" / "config" / "sc
 
 # libyaml's parser where PyYAML has it (its wheels do), Python's otherwise: the same documents,
 # errors and marks, 5-8x faster. Every process that validates a configuration reads this schema
-# (27 kB) and models.yaml (12 kB): 5 and 5 ms instead of 45 and 25 (AMD EPYC), in each workflow
+# (27 kB) and models.yaml (12 kB): 8.5 and 5 ms instead of 65 and 25 (AMD EPYC), in each workflow
 # job, and some 400 times in a test session.
 SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
