@@ -143,11 +143,10 @@ def costs(plan) -> list[RuleCost]:
     def gpus(stage):
         return plan.resources(stage)["gpus"]
 
-    for identity in plan.data.values():  # a data directory's file is copied by a local rule
-        if identity["source"] == "hub":
-            add("prepare_data", gpus("data"))
-        else:
-            add("copy_data", 0)
+    for _ in plan.datasets_from("hub"):
+        add("prepare_data", gpus("data"))
+    for _ in plan.datasets_from("dir"):  # a data directory's file: a local rule
+        add("copy_data", 0)
     if plan.data:
         add("data_manifest", 0)
     seeded = set(plan.seeded_models())

@@ -53,7 +53,7 @@ from setdlm.workflow.config import (
 )
 from setdlm.workflow.references import copied_seeds
 
-# A regex no model name matches (a rule's {model} wildcard when no model is of its kind).
+# A regex no name matches (a rule's {model} or {dataset} wildcard when none is of its kind).
 NO_NAME = "(?!)"
 SEED_FOLDER = "seed-{seed}"
 
@@ -61,6 +61,11 @@ SEED_FOLDER = "seed-{seed}"
 def seed_folder(seed: int) -> str:
     """The folder of one seed's model or result: ``seed-<k>``."""
     return SEED_FOLDER.format(seed=seed)
+
+
+def names_pattern(names: list[str]) -> str:
+    """A wildcard's pattern that matches exactly ``names`` (none: NO_NAME)."""
+    return "|".join(re.escape(name) for name in names) or NO_NAME
 
 
 # setdlm/report/curves.py's files: the summary table (and figure), and every probe
@@ -181,14 +186,17 @@ class Plan:
             for name in self.config["models"]
             if (name in seeded_names) == seeded and name not in self.copied
         )
-        return "|".join(re.escape(name) for name in names) or NO_NAME
+        return names_pattern(names)
+
+    def datasets_from(self, source: str) -> list[str]:
+        """The data sets of one source kind: "hub" (downloaded by a job, rule prepare_data) or
+        "dir" (copied from the data directory where Snakemake runs, rule copy_data)."""
+        return sorted(name for name, identity in self.data.items() if identity["source"] == source)
 
     def data_wildcard(self, source: str) -> str:
-        """The {dataset} wildcard of the rule that prepares the data sets of one source kind
-        ("hub": downloaded by a job; "dir": copied from the data directory where Snakemake
-        runs), so that the two rules never claim one data set."""
-        names = sorted(name for name, identity in self.data.items() if identity["source"] == source)
-        return "|".join(re.escape(name) for name in names) or NO_NAME
+        """The {dataset} wildcard of the rule for one source kind: the names themselves, so
+        that the two rules never claim one data set."""
+        return names_pattern(self.datasets_from(source))
 
     def metrics(self, point: Point) -> str:
         return f"{point.folder}/metrics.json"
