@@ -27,12 +27,14 @@ unexport PYTHONDONTWRITEBYTECODE
 install: $(STAMP)
 
 # --no-compile: pip would byte-compile all 21,000 modules of the dependencies (74 of the
-# install's 111 CPU-seconds, AMD EPYC); Python compiles the 6,000 that the project imports on
-# their first import instead (about 17 CPU-seconds, cached in __pycache__ from then on).
+# install's 111 CPU-seconds, AMD EPYC); importing every setdlm module and the test and workflow
+# tools once compiles the 6,000 that the project uses instead (cached in __pycache__), so that
+# the first command after an install does not pay for it (setdlm/util/warm_bytecode.py).
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet --no-compile -e .
+	$(BIN)/python -m setdlm.util.warm_bytecode
 	touch $(STAMP)
 
 # The main job: the workflow's all_tables on the embedded tiny configuration (trains the four
